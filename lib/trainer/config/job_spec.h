@@ -1,0 +1,146 @@
+// The job spec: one typed tree with a default for every field (leveldb's options.h style).
+// YAML -> JobSpec is a pure function that either returns a complete, validated value or throws
+// ConfigError naming the file, the dotted field and the value it got. An unknown key is an
+// error. Components receive only their sub-struct, by const reference. Plain values: thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trainer::config {
+
+// One place examples are listed from (data.train, data.validation).
+struct SourceSpec {
+  std::string format = "imagefolder";   // imagefolder | csv
+  std::string path;                     // imagefolder: dir with one sub-dir per class;
+                                        // csv: the manifest file. Empty = no such source.
+  std::string image_column = "image_id";  // csv: column holding the image path (relative)
+  std::string label_column = "label";     // csv: column holding the label (index or name)
+  std::string image_root;               // csv: dir the image paths are relative to
+                                        // (default: the manifest's directory)
+  bool enabled() const { return !path.empty(); }
+};
+
+struct ModelSpec {
+  std::string arch = "resnet50";   // resnet18 | resnet34 | resnet50 | resnet101 | resnet152
+  int num_classes = 0;             // 0 (written `auto`) = number of classes in the data
+  int head_hidden = 0;             // 0 = torchvision's single `fc`; N = fc.0 Linear(N) + ReLU +
+                                   // fc.2 Linear(classes), the tutorial's Dense(N, relu) head
+  std::string pretrained;          // torchvision-layout .safetensors to start from ("" = none)
+  bool freeze_backbone = false;    // train only the classifier (`fc*`)
+  bool freeze_batchnorm = false;   // BN layers stay in eval mode, statistics fixed
+};
+
+struct AugmentSpec {
+  bool horizontal_flip = false;        // flip left-right with probability 0.5
+  bool random_resized_crop = false;    // torchvision RandomResizedCrop(image_size)
+  double crop_scale_min = 0.08;        // smallest crop area fraction (torchvision: 0.08)
+};
+
+struct DataSpec {
+  SourceSpec train;                    // required
+  SourceSpec validation;               // optional (path "" = no validation)
+  std::vector<std::string> class_names;  // optional; default: from the train source
+  int image_size = 224;                // square side images are resized to (tutorial: 300)
+  std::string normalize = "imagenet";  // unit (x/255, as the tutorial) | imagenet (mean/std)
+  AugmentSpec augment;
+  bool shuffle = true;                 // reshuffle the training examples every epoch
+  int64_t seed = 0;                    // data order and augmentation seed
+  int num_workers = 2;                 // decode threads
+  int prefetch_batches = 2;            // batches decoded ahead of the model
+  std::string on_corrupt = "fail";     // fail | skip (counted and logged)
+};
+
+struct OptimizerSpec {
+  std::string name = "adam";     // adam | adamw | sgd
+  double learning_rate = 1e-4;   // base learning rate (tutorial: Adam 1e-4)
+  double momentum = 0.9;         // sgd only
+  double weight_decay = 0.0;     // L2 (adam, sgd) or decoupled (adamw)
+  bool nesterov = false;         // sgd only
+};
+
+struct LrScheduleSpec {
+  std::string name = "constant";  // constant | cosine | step
+  double warmup_epochs = 0.0;     // linear warm-up from 0 over this many epochs
+  int step_epochs = 30;           // step: multiply by gamma every this many epochs
+  double gamma = 0.1;             // step: decay factor
+  double min_lr = 0.0;            // cosine: final learning rate
+};
+
+struct TrainSpec {
+  int epochs = 5;
+  int per_replica_batch_size = 64;   // global batch = this x number of replicas
+  OptimizerSpec optimizer;
+  LrScheduleSpec lr_schedule;
+  double label_smoothing = 0.0;      // in [0, 1)
+  std::string precision = "fp32";    // fp32 | bf16 (autocast)
+  bool channels_last = false;        // NHWC memory format for the convolutions
+  int threads = 0;                   // intra-op threads; 0 = all cores of this machine
+  std::string device = "auto";       // auto | cpu | cuda
+  int64_t seed = 42;                 // model initialisation seed
+  int64_t max_steps = 0;             // 0 = no limit; stop after this many steps (smoke runs)
+};
+
+struct CheckpointSpec {
+  int every_epochs = 1;  // write a checkpoint every N epochs (and at the end)
+  int keep = 3;          // newest checkpoints kept
+};
+
+struct LoggingSpec {
+  int every_steps = 10;          // plain log line / metrics record every N steps
+  std::string level = "info";    // trace | debug | info | warn | error
+};
+
+struct JobSpec {
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  CheckpointSpec checkpoint;
+  LoggingSpec logging;
+};
+
+// Parses YAML text (origin names the file in messages), applies `overrides` ("a.b.c=value",
+// the value parsed as a YAML scalar or flow sequence), fills defaults and validates the whole.
+// Relative source paths are kept as written. Throws ConfigError.
+JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                       const std::string& origin);
+
+// Reads `path` ("" = defaults only) and calls parse_job_spec. Throws ConfigError (also for an
+// unreadable file, naming it).
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved spec as YAML that parse_job_spec reads back to an equal value (job.yaml).
+std::string to_yaml(const JobSpec& spec);
+
+// The resolved spec as a JSON object with the same tree (inspect's `job`).
+nlohmann::json to_json(const JobSpec& spec);
+
+// Every field as (dotted path, canonical value text), in declaration order.
+std::vector<std::pair<std::string, std::string>> flatten(const JobSpec& spec);
+
+struct FieldDifference {
+  std::string field;  // dotted path
+  std::string left;   // value in the first spec
+  std::string right;  // value in the second spec
+};
+
+// The first field (declaration order) whose value differs, ignoring any field whose dotted path
+// starts with one of `ignored_prefixes` (e.g. "train.epochs", "logging."). nullopt = same.
+std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec& b,
+                                                const std::vector<std::string>& ignored_prefixes);
+
+// The fields that may change between runs of the same job (resume still applies).
+const std::vector<std::string>& resumable_changes();  // {"train.epochs", "train.max_steps", "logging."}
+
+// Hex digest of flatten(spec) (stable across runs and machines).
+std::string fingerprint(const JobSpec& spec);
+
+// Human-readable reference of every field with its default and comment (for --help / README).
+std::string field_reference();
+
+}  // namespace trainer::config

@@ -1,0 +1,67 @@
+// The loader turns a list of examples into batches: a per-epoch order (shuffled from seed and
+// epoch), decoding and augmentation by a pool of decode threads that prefetch while the model
+// trains, and batching in order. Example i of epoch e is augmented with the seed
+// mix_seed(seed, {e, i}), so the batches are identical whatever the number of decode threads.
+// Not thread-safe: one consumer calls start_epoch()/next(); the pool is internal.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/data/example.h"
+#include "trainer/data/image.h"
+
+namespace trainer::data {
+
+struct LoaderOptions {
+  PreprocessOptions preprocess;
+  int64_t batch_size = 32;
+  bool shuffle = false;
+  bool drop_last = false;      // true for training: every batch is full
+  uint64_t seed = 0;
+  int num_workers = 2;         // decode threads (>= 1)
+  int prefetch_batches = 2;    // batches kept ready ahead of the consumer (>= 1)
+  bool skip_corrupt = false;   // false: a bad image throws DataError; true: dropped, counted
+};
+
+struct Batch {
+  torch::Tensor images;          // [B, 3, S, S] float32
+  torch::Tensor labels;          // [B] int64
+  std::vector<int64_t> indices;  // positions in the examples vector, in batch order
+  int64_t index = 0;             // batch number within the epoch
+  int64_t skipped = 0;           // corrupt examples dropped from this batch
+};
+
+// The order of epoch `epoch`: 0..n-1, shuffled with mix_seed(seed, {epoch}) when shuffle.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
+class Loader {
+ public:
+  Loader(std::vector<Example> examples, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t num_examples() const;
+  int64_t batches_per_epoch() const;  // floor (drop_last) or ceil of examples / batch_size
+
+  // Starts (or restarts) epoch `epoch` at batch `first_batch` (resume mid-epoch).
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // The next batch of the current epoch, nullopt after the last. A batch whose examples were
+  // all corrupt (skip mode) comes back with 0 rows. Rethrows a decode thread's DataError.
+  std::optional<Batch> next();
+
+  int64_t skipped_total() const;                // corrupt examples skipped so far
+  std::vector<std::string> skipped_paths() const;  // the first 100 of them
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainer::data

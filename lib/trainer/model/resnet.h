@@ -1,0 +1,56 @@
+// torchvision-exact ResNet family (v1.5: stride in the 3x3 conv of Bottleneck) in LibTorch.
+// Children are registered under torchvision's names (conv1, bn1, layer1.0.conv1,
+// layer1.0.downsample.0, ..., fc) so state dicts are interchangeable with
+// torchvision.models.resnetXX(). Initialisation follows torchvision (kaiming_normal_ fan_out for
+// convs, BN weight 1 / bias 0, nn.Linear defaults). A module is not thread-safe; the factory is.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace trainer::model {
+
+struct ResNetOptions {
+  std::string arch = "resnet50";  // resnet18 | resnet34 | resnet50 | resnet101 | resnet152
+  int64_t num_classes = 1000;
+  int64_t head_hidden = 0;  // 0: fc = Linear(features, classes); N: fc = Sequential(
+                            //    Linear(features, N), ReLU, Linear(N, classes)) (fc.0, fc.2)
+};
+
+class ResNetImpl : public torch::nn::Module {
+ public:
+  explicit ResNetImpl(const ResNetOptions& options);
+  torch::Tensor forward(torch::Tensor x);  // [N,3,H,W] float -> [N, num_classes] logits
+
+  const ResNetOptions& options() const { return options_; }
+  // Number of features entering the classifier (512 for 18/34, 2048 for 50/101/152).
+  int64_t feature_dim() const { return feature_dim_; }
+
+ private:
+  ResNetOptions options_;
+  int64_t feature_dim_ = 0;
+  // (children: the implementer's choice, registered under torchvision's names)
+};
+TORCH_MODULE(ResNet);
+
+// The supported arch names, in order.
+const std::vector<std::string>& supported_archs();
+
+// Builds a freshly initialised model; throws ConfigError for an unknown arch or a bad size.
+ResNet make_resnet(const ResNetOptions& options);
+
+// Total number of parameter elements (trainable or not).
+int64_t count_parameters(const torch::nn::Module& module);
+
+// True for parameter/buffer names of the classifier (`fc`, `fc.*`).
+bool is_classifier_key(const std::string& name);
+
+// Puts every BatchNorm layer in eval mode (frozen statistics) while the rest trains.
+void set_batchnorm_eval(torch::nn::Module& module);
+
+// freeze_backbone: requires_grad(false) on every parameter that is not the classifier's.
+void freeze_backbone(torch::nn::Module& module);
+
+}  // namespace trainer::model
