@@ -110,6 +110,11 @@ struct JobSpec {
 JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                        const std::string& origin);
 
+// Checks every field of an already-typed spec (the checks parse_job_spec runs after reading),
+// throwing ConfigError "<origin>: <dotted field>: <what was expected>, got '<value>'" for the
+// first problem in declaration order. For specs built in code (tests, tools).
+void validate_job_spec(const JobSpec& spec, const std::string& origin);
+
 // Reads `path` ("" = defaults only) and calls parse_job_spec. Throws ConfigError (also for an
 // unreadable file, naming it).
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides);

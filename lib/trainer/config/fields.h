@@ -1,0 +1,176 @@
+// The field table of the job spec: the one place that lists every field, in declaration order,
+// with its YAML name, one-line doc and rule. YAML reading, unknown-key detection, to_yaml,
+// to_json, flatten, validation and field_reference are all visitors over it. Private to config/.
+//
+// A visitor V provides:
+//   template <class T> void operator()(const char* name, T& value, const Field& rule);  // a leaf
+//   template <class S> void section(const char* name, S& sub, const char* doc);  // nested struct
+//   template <class F> void check(const char* name, F&& problem);  // cross-field rule: problem()
+//                                     returns "" or what is wrong with field `name` (relative)
+// Visitors that do not validate derive from NoChecks. Stateless templates: thread-safe.
+#pragma once
+
+#include <string>
+
+#include "trainer/config/job_spec.h"
+#include "trainer/config/values.h"
+
+namespace trainer::config::detail {
+
+struct NoChecks {
+  template <class F>
+  void check(const char*, F&&) {}
+};
+
+template <class V>
+void visit(SourceSpec& s, V& v) {
+  v("format", s.format, Field("how the examples are listed").one_of({"imagefolder", "csv"}));
+  v("path", s.path, Field("imagefolder: dir of class sub-dirs; csv: the manifest (\"\" = none)"));
+  v("image_column", s.image_column, Field("csv: column holding the image path (relative)"));
+  v("label_column", s.label_column, Field("csv: column holding the label (index or name)"));
+  v("image_root", s.image_root,
+    Field("csv: dir image paths are relative to (\"\" = the manifest's)"));
+}
+
+template <class V>
+void visit(ModelSpec& s, V& v) {
+  v("arch", s.arch,
+    Field("network architecture")
+        .one_of({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
+  v("num_classes", s.num_classes,
+    Field("classifier outputs (auto = the number of classes in the data)")
+        .at_least(0)
+        .zero_means("auto"));
+  v("head_hidden", s.head_hidden,
+    Field("0 = one fc; N = fc.0 Linear(N) + ReLU + fc.2 Linear(classes)").at_least(0));
+  v("pretrained", s.pretrained,
+    Field("torchvision-layout .safetensors to start from (\"\" = none)"));
+  v("freeze_backbone", s.freeze_backbone, Field("train only the classifier (fc*)"));
+  v("freeze_batchnorm", s.freeze_batchnorm, Field("BN layers stay in eval mode, statistics fixed"));
+}
+
+template <class V>
+void visit(AugmentSpec& s, V& v) {
+  v("horizontal_flip", s.horizontal_flip, Field("flip left-right with probability 0.5"));
+  v("random_resized_crop", s.random_resized_crop,
+    Field("torchvision RandomResizedCrop(image_size)"));
+  v("crop_scale_min", s.crop_scale_min,
+    Field("smallest crop area fraction (torchvision: 0.08)").above(0).at_most(1));
+}
+
+template <class V>
+void visit(DataSpec& s, V& v) {
+  v.section("train", s.train, "the training examples (required)");
+  v.check("train.path", [&s] {
+    return std::string(
+        s.train.path.empty() ? "required (a directory of class folders or a csv manifest)" : "");
+  });
+  v.section("validation", s.validation, "the validation examples (path \"\" = none)");
+  v("class_names", s.class_names, Field("class order ([] = from the train source)"));
+  v.check("class_names", [&s] { return class_names_problem(s.class_names); });
+  v("image_size", s.image_size,
+    Field("square side images are resized to (tutorial: 300)").at_least(16).at_most(4096));
+  v("normalize", s.normalize,
+    Field("unit = x/255 as the tutorial, imagenet = mean/std").one_of({"unit", "imagenet"}));
+  v.section("augment", s.augment, "training-time augmentation");
+  v("shuffle", s.shuffle, Field("reshuffle the training examples every epoch"));
+  v("seed", s.seed, Field("data order and augmentation seed"));
+  v("num_workers", s.num_workers, Field("decode threads").at_least(1));
+  v("prefetch_batches", s.prefetch_batches,
+    Field("batches decoded ahead of the model").at_least(1));
+  v("on_corrupt", s.on_corrupt,
+    Field("on an undecodable image; skip = count, log and go on").one_of({"fail", "skip"}));
+}
+
+template <class V>
+void visit(OptimizerSpec& s, V& v) {
+  v("name", s.name, Field("optimizer").one_of({"adam", "adamw", "sgd"}));
+  v("learning_rate", s.learning_rate, Field("base learning rate (tutorial: Adam 1e-4)").above(0));
+  v("momentum", s.momentum, Field("sgd only").at_least(0).below(1));
+  v("weight_decay", s.weight_decay, Field("L2 (adam, sgd) or decoupled (adamw)").at_least(0));
+  v("nesterov", s.nesterov, Field("Nesterov momentum (sgd with momentum > 0 only)"));
+  v.check("nesterov", [&s] {
+    if (!s.nesterov || (s.name == "sgd" && s.momentum > 0)) return std::string();
+    return "true requires name sgd with momentum > 0, got name " + in_quotes(s.name) +
+           " and momentum " + format_double(s.momentum);
+  });
+}
+
+template <class V>
+void visit(LrScheduleSpec& s, V& v) {
+  v("name", s.name, Field("schedule after the warm-up").one_of({"constant", "cosine", "step"}));
+  v("warmup_epochs", s.warmup_epochs,
+    Field("linear warm-up from 0 over this many epochs").at_least(0));
+  v("step_epochs", s.step_epochs,
+    Field("step: multiply by gamma every this many epochs").at_least(1));
+  v("gamma", s.gamma, Field("step: decay factor").above(0).at_most(1));
+  v("min_lr", s.min_lr, Field("cosine: final learning rate").at_least(0));
+}
+
+template <class V>
+void visit(TrainSpec& s, V& v) {
+  v("epochs", s.epochs, Field("passes over the training data").at_least(1));
+  v("per_replica_batch_size", s.per_replica_batch_size,
+    Field("examples per step per replica; global batch = this x replicas").at_least(1));
+  v.section("optimizer", s.optimizer, "the optimizer");
+  v.section("lr_schedule", s.lr_schedule, "the learning-rate schedule");
+  v.check("lr_schedule.warmup_epochs", [&s] {
+    if (s.lr_schedule.warmup_epochs < s.epochs) return std::string();
+    return "expected a number less than train.epochs (" + std::to_string(s.epochs) + "), got " +
+           in_quotes(format_double(s.lr_schedule.warmup_epochs));
+  });
+  v("label_smoothing", s.label_smoothing,
+    Field("cross-entropy label smoothing").at_least(0).below(1));
+  v("precision", s.precision, Field("compute precision; bf16 = autocast").one_of({"fp32", "bf16"}));
+  v("channels_last", s.channels_last, Field("NHWC memory format for the convolutions"));
+  v("threads", s.threads, Field("intra-op threads; 0 = all cores of this machine").at_least(0));
+  v("device", s.device, Field("auto = cuda when available").one_of({"auto", "cpu", "cuda"}));
+  v("seed", s.seed, Field("model initialisation seed"));
+  v("max_steps", s.max_steps,
+    Field("stop after this many steps (smoke runs); 0 = no limit").at_least(0));
+}
+
+template <class V>
+void visit(CheckpointSpec& s, V& v) {
+  v("every_epochs", s.every_epochs,
+    Field("write a checkpoint every N epochs (and at the end)").at_least(1));
+  v("keep", s.keep, Field("newest checkpoints kept").at_least(1));
+}
+
+template <class V>
+void visit(LoggingSpec& s, V& v) {
+  v("every_steps", s.every_steps, Field("log line / metrics record every N steps").at_least(1));
+  v("level", s.level, Field("log level").one_of({"trace", "debug", "info", "warn", "error"}));
+}
+
+template <class V>
+void visit(JobSpec& s, V& v) {
+  v.section("model", s.model, "the network");
+  v.section("data", s.data, "where the examples come from and how they are prepared");
+  v.section("train", s.train, "the training loop");
+  v.section("checkpoint", s.checkpoint, "checkpoints (written by the chief)");
+  v.section("logging", s.logging, "log lines and metrics");
+}
+
+// The names of S's fields and sections, in order (for unknown-key messages).
+struct NameCollector : NoChecks {
+  std::vector<std::string> names;
+  template <class T>
+  void operator()(const char* name, T&, const Field&) {
+    names.emplace_back(name);
+  }
+  template <class S>
+  void section(const char* name, S&, const char*) {
+    names.emplace_back(name);
+  }
+};
+
+template <class S>
+std::vector<std::string> field_names() {
+  S scratch;
+  NameCollector c;
+  visit(scratch, c);
+  return c.names;
+}
+
+}  // namespace trainer::config::detail

@@ -1,0 +1,241 @@
+// The job spec's public functions; every one is a visitor over the field table in fields.h.
+#include "trainer/config/job_spec.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "trainer/config/fields.h"
+#include "trainer/config/yaml_io.h"
+#include "trainer/util/error.h"
+
+namespace trainer::config {
+namespace {
+
+using detail::Field;
+using detail::NoChecks;
+
+// Checks every field's rule and the cross-field checks, throwing on the first problem.
+class Validator {
+ public:
+  Validator(const detail::Places& places, std::string prefix)
+      : places_(places), prefix_(std::move(prefix)) {}
+
+  template <class T>
+  void operator()(const char* name, T& value, const Field& f) {
+    const std::string problem = detail::violation(value, f);
+    if (!problem.empty()) fail(prefix_ + name, problem);
+  }
+
+  template <class S>
+  void section(const char* name, S& sub, const char*) {
+    Validator inner(places_, prefix_ + name + ".");
+    detail::visit(sub, inner);
+  }
+
+  template <class F>
+  void check(const char* name, F&& problem_of) {
+    const std::string problem = problem_of();
+    if (!problem.empty()) fail(prefix_ + name, problem);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& path, const std::string& problem) const {
+    throw ConfigError(places_.of(path) + ": " + path + ": " + problem);
+  }
+
+  const detail::Places& places_;
+  std::string prefix_;
+};
+
+void validate(const JobSpec& spec, const detail::Places& places) {
+  JobSpec copy = spec;  // the table visits mutable structs; nothing is changed
+  Validator v(places, "");
+  detail::visit(copy, v);
+}
+
+nlohmann::json json_value(const std::string& v, const Field&) { return v; }
+nlohmann::json json_value(int v, const Field& f) {
+  if (v == 0 && f.zero_name) return f.zero_name;
+  return v;
+}
+nlohmann::json json_value(int64_t v, const Field&) { return v; }
+nlohmann::json json_value(double v, const Field&) { return v; }
+nlohmann::json json_value(bool v, const Field&) { return v; }
+nlohmann::json json_value(const std::vector<std::string>& v, const Field&) { return v; }
+
+class JsonWriter : public NoChecks {
+ public:
+  explicit JsonWriter(nlohmann::json& out) : out_(out) {}
+
+  template <class T>
+  void operator()(const char* name, T& value, const Field& f) {
+    out_[name] = json_value(value, f);
+  }
+
+  template <class S>
+  void section(const char* name, S& sub, const char*) {
+    nlohmann::json& child = out_[name] = nlohmann::json::object();
+    JsonWriter inner(child);
+    detail::visit(sub, inner);
+  }
+
+ private:
+  nlohmann::json& out_;
+};
+
+class Flattener : public NoChecks {
+ public:
+  Flattener(std::vector<std::pair<std::string, std::string>>& out, std::string prefix)
+      : out_(out), prefix_(std::move(prefix)) {}
+
+  template <class T>
+  void operator()(const char* name, T& value, const Field& f) {
+    out_.emplace_back(prefix_ + name, detail::text(value, f));
+  }
+
+  template <class S>
+  void section(const char* name, S& sub, const char*) {
+    Flattener inner(out_, prefix_ + name + ".");
+    detail::visit(sub, inner);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>>& out_;
+  std::string prefix_;
+};
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// `text` padded with spaces to `column` (at least two spaces), then `# comment`.
+std::string with_comment(const std::string& text, size_t column, const std::string& comment) {
+  if (comment.empty()) return text;
+  const size_t pad = text.size() + 2 > column ? 2 : column - text.size();
+  return text + std::string(pad, ' ') + "# " + comment;
+}
+
+constexpr size_t kMaxCommentColumn = 48;
+
+}  // namespace
+
+void validate_job_spec(const JobSpec& spec, const std::string& origin) {
+  validate(spec, detail::Places(origin));
+}
+
+JobSpec parse_job_spec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                       const std::string& origin) {
+  detail::Places places(origin);
+  JobSpec spec = detail::read_yaml(yaml_text, overrides, places);
+  validate(spec, places);
+  return spec;
+}
+
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return parse_job_spec("", overrides, "(defaults)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError("cannot read job spec '" + path + "': it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read job spec '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read job spec '" + path + "': read failed");
+  return parse_job_spec(text.str(), overrides, path);
+}
+
+std::string to_yaml(const JobSpec& spec) {
+  const std::vector<detail::YamlRow> rows = detail::yaml_rows(spec);
+  std::vector<std::string> lines;
+  size_t column = 0;
+  for (const auto& r : rows) {
+    std::string line = std::string(2 * r.depth, ' ') + r.key + ":";
+    if (!r.section) line += " " + r.value;
+    if (!r.section && line.size() + 2 <= kMaxCommentColumn)
+      column = std::max(column, line.size() + 2);
+    lines.push_back(std::move(line));
+  }
+  std::string out = "# resolved by trainer " TRAINER_VERSION "\n";
+  for (size_t i = 0; i < rows.size(); ++i)
+    out += with_comment(lines[i], column, rows[i].doc) + "\n";
+  return out;
+}
+
+nlohmann::json to_json(const JobSpec& spec) {
+  JobSpec copy = spec;
+  nlohmann::json out = nlohmann::json::object();
+  JsonWriter writer(out);
+  detail::visit(copy, writer);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> flatten(const JobSpec& spec) {
+  JobSpec copy = spec;
+  std::vector<std::pair<std::string, std::string>> out;
+  Flattener flattener(out, "");
+  detail::visit(copy, flattener);
+  return out;
+}
+
+std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec& b,
+                                                const std::vector<std::string>& ignored_prefixes) {
+  const auto left = flatten(a);
+  const auto right = flatten(b);  // same table, so the same fields in the same order
+  for (size_t i = 0; i < left.size(); ++i) {
+    const std::string& field = left[i].first;
+    bool ignored = false;
+    for (const auto& p : ignored_prefixes) ignored = ignored || starts_with(field, p);
+    if (!ignored && left[i].second != right[i].second)
+      return FieldDifference{field, left[i].second, right[i].second};
+  }
+  return std::nullopt;
+}
+
+const std::vector<std::string>& resumable_changes() {
+  static const std::vector<std::string> kFields = {"train.epochs", "train.max_steps", "logging."};
+  return kFields;
+}
+
+std::string fingerprint(const JobSpec& spec) {
+  // FNV-1a, 128 bits, over "path\0value\0" of every field.
+  using u128 = unsigned __int128;
+  const u128 prime = (u128{1} << 88) | 0x13B;
+  u128 h = (u128{0x6c62272e07bb0142ULL} << 64) | 0x62b821756295c58dULL;
+  auto add = [&](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * prime;
+    h = (h ^ 0u) * prime;
+  };
+  for (const auto& [path, value] : flatten(spec)) {
+    add(path);
+    add(value);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 31; i >= 0; --i, h >>= 4) out[i] = kHex[static_cast<unsigned>(h & 0xF)];
+  return out;
+}
+
+std::string field_reference() {
+  const std::vector<detail::YamlRow> rows = detail::yaml_rows(JobSpec{});
+  size_t column = 0;
+  for (const auto& r : rows) {
+    const size_t width = 2 + r.path.size() + 3 + r.value.size() + 2;
+    if (!r.section && width <= kMaxCommentColumn + 8) column = std::max(column, width);
+  }
+  std::string out;
+  for (const auto& r : rows) {
+    if (r.section && r.depth == 0) {
+      out += (out.empty() ? "" : "\n") + r.key + ": " + r.doc + "\n";
+    } else if (r.section) {
+      out += "  # " + r.path + ": " + r.doc + "\n";
+    } else {
+      out += with_comment("  " + r.path + " = " + r.value, column, r.doc) + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace trainer::config

@@ -1,0 +1,262 @@
+// Job-spec outputs: to_yaml round trip, flatten, first_difference, fingerprint, to_json and
+// the field reference.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "trainer/config/job_spec.h"
+
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+using namespace trainer::config;
+
+namespace {
+
+JobSpec minimal() {
+  JobSpec s;
+  s.data.train.path = "/data/train";
+  return s;
+}
+
+// A valid spec in which every field differs from its default.
+JobSpec every_field_changed() {
+  JobSpec s;
+  s.model.arch = "resnet18";
+  s.model.num_classes = 7;
+  s.model.head_hidden = 128;
+  s.model.pretrained = "/weights/resnet18 imagenet.safetensors";
+  s.model.freeze_backbone = true;
+  s.model.freeze_batchnorm = true;
+  s.data.train = {"csv", "/data/train.csv", "file", "y", "/data/images"};
+  s.data.validation = {"csv", "val: #1.csv", "img", "cls", "~"};
+  s.data.class_names = {"cbb", "cbsd, mild", "null", "true", "a'b"};
+  s.data.image_size = 300;
+  s.data.normalize = "unit";
+  s.data.augment = {true, true, 0.25};
+  s.data.shuffle = false;
+  s.data.seed = -123456789012345;
+  s.data.num_workers = 5;
+  s.data.prefetch_batches = 4;
+  s.data.on_corrupt = "skip";
+  s.train.epochs = 40;
+  s.train.per_replica_batch_size = 16;
+  s.train.optimizer = {"sgd", 0.1 / 3, 0.95, 1e-5, true};
+  s.train.lr_schedule = {"step", 2.5, 10, 0.3, 1e-7};
+  s.train.label_smoothing = 0.1;
+  s.train.precision = "bf16";
+  s.train.channels_last = true;
+  s.train.threads = 3;
+  s.train.device = "cpu";
+  s.train.seed = 9000000000;
+  s.train.max_steps = 77;
+  s.checkpoint = {2, 9};
+  s.logging = {50, "debug"};
+  return s;
+}
+
+std::string value_of(const JobSpec& s, const std::string& path) {
+  for (const auto& [p, v] : flatten(s))
+    if (p == path) return v;
+  return "(no such field)";
+}
+
+}  // namespace
+
+TEST_CASE("to_yaml round-trips the defaults", "[config]") {
+  const JobSpec s = minimal();
+  const std::string yaml = to_yaml(s);
+  CHECK_THAT(yaml, StartsWith("# resolved by trainer "));
+  CHECK_THAT(yaml, Contains("  num_classes: auto"));
+  const JobSpec back = parse_job_spec(yaml, {}, "x");
+  CHECK(flatten(back) == flatten(s));
+}
+
+TEST_CASE("to_yaml round-trips a spec with every field changed", "[config]") {
+  const JobSpec s = every_field_changed();
+  REQUIRE_NOTHROW(validate_job_spec(s, "test"));
+  // The fixture really changes every field.
+  const auto changed = flatten(s);
+  const auto defaults = flatten(JobSpec{});
+  REQUIRE(changed.size() == defaults.size());
+  for (size_t i = 0; i < changed.size(); ++i) {
+    INFO("field " << changed[i].first);
+    CHECK(changed[i].second != defaults[i].second);
+  }
+  const std::string yaml = to_yaml(s);
+  INFO(yaml);
+  const JobSpec back = parse_job_spec(yaml, {}, "x");
+  CHECK(flatten(back) == flatten(s));
+  CHECK(back.train.optimizer.learning_rate == s.train.optimizer.learning_rate);  // exact
+  CHECK(back.data.validation.image_root == "~");
+  CHECK(back.data.class_names == s.data.class_names);
+}
+
+TEST_CASE("to_yaml keeps awkward strings", "[config]") {
+  for (const std::string text :
+       {"",          "~",       "null",       "yes", "123",   "a: b", "#x",   "a #b",
+        " lead",     "trail ",  "two\nlines", "- a", "[x]",   "{y}",  "it's", "\"q\"",
+        "tab\there", "ünïcode", "%percent",   "@at", "`tick", "*star"}) {
+    INFO("string [" << text << "]");
+    JobSpec s = minimal();
+    s.model.pretrained = text;
+    s.data.class_names = {text + "x", "z" + text};
+    const JobSpec back = parse_job_spec(to_yaml(s), {}, "x");
+    CHECK(back.model.pretrained == text);
+    CHECK(back.data.class_names == s.data.class_names);
+  }
+}
+
+TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
+  const std::string yaml = to_yaml(minimal());
+  size_t last = 0;
+  for (const char* key :
+       {"model:", "  arch:", "  num_classes:", "data:", "  train:", "    format:", "    path:",
+        "  validation:", "  class_names:", "  augment:", "    horizontal_flip:", "train:",
+        "  epochs:", "  optimizer:", "    learning_rate:", "  lr_schedule:", "checkpoint:",
+        "logging:", "  level:"}) {
+    const size_t at = yaml.find(std::string("\n") + key, last);
+    INFO("key " << key);
+    REQUIRE(at != std::string::npos);
+    last = at;
+  }
+}
+
+TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
+  const auto flat = flatten(minimal());
+  REQUIRE(flat.size() == 50);
+  CHECK(flat.front().first == "model.arch");
+  CHECK(flat.back().first == "logging.level");
+  std::set<std::string> paths;
+  for (const auto& [p, v] : flat) paths.insert(p);
+  CHECK(paths.size() == flat.size());  // no field listed twice
+
+  JobSpec s = minimal();
+  CHECK(value_of(s, "model.num_classes") == "auto");
+  CHECK(value_of(s, "train.optimizer.learning_rate") == "0.0001");
+  CHECK(value_of(s, "data.augment.crop_scale_min") == "0.08");
+  CHECK(value_of(s, "data.shuffle") == "true");
+  CHECK(value_of(s, "data.class_names") == "[]");
+  s.model.num_classes = 12;
+  s.train.optimizer.learning_rate = 0.1 + 0.2;  // not 0.3: needs all 17 digits
+  s.data.class_names = {"a", "b c", "d,e", ""};
+  CHECK(value_of(s, "model.num_classes") == "12");
+  CHECK(value_of(s, "train.optimizer.learning_rate") == "0.30000000000000004");
+  CHECK(value_of(s, "data.class_names") == "[a, b c, \"d,e\", \"\"]");
+}
+
+TEST_CASE("first_difference finds the first changed field and honours ignored prefixes",
+          "[config]") {
+  const JobSpec a = minimal();
+  JobSpec b = a;
+  CHECK_FALSE(first_difference(a, b, {}).has_value());
+
+  b.train.epochs = 9;
+  b.logging.every_steps = 1;
+  auto d = first_difference(a, b, {});
+  REQUIRE(d.has_value());
+  CHECK(d->field == "train.epochs");
+  CHECK(d->left == "5");
+  CHECK(d->right == "9");
+
+  d = first_difference(a, b, {"train.epochs"});
+  REQUIRE(d.has_value());
+  CHECK(d->field == "logging.every_steps");
+  CHECK_FALSE(first_difference(a, b, resumable_changes()).has_value());
+
+  b.train.optimizer.learning_rate = 0.5;
+  d = first_difference(a, b, resumable_changes());
+  REQUIRE(d.has_value());
+  CHECK(d->field == "train.optimizer.learning_rate");
+  CHECK(d->left == "0.0001");
+  CHECK(d->right == "0.5");
+
+  // A prefix names a section ("model.") or one field.
+  JobSpec c = a;
+  c.model.arch = "resnet34";
+  CHECK(first_difference(a, c, {"model."}) == std::nullopt);
+  CHECK(first_difference(a, c, {"data."})->field == "model.arch");
+}
+
+TEST_CASE("resumable_changes", "[config]") {
+  CHECK(resumable_changes() ==
+        std::vector<std::string>{"train.epochs", "train.max_steps", "logging."});
+}
+
+TEST_CASE("fingerprint is stable and sensitive to every field", "[config]") {
+  const JobSpec a = minimal();
+  const std::string fp = fingerprint(a);
+  CHECK(fp.size() == 32);
+  CHECK(fp.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(fingerprint(a) == fp);
+  CHECK(fingerprint(parse_job_spec(to_yaml(a), {}, "x")) == fp);
+
+  JobSpec b = a;
+  b.data.augment.crop_scale_min = 0.0800000001;
+  CHECK(fingerprint(b) != fp);
+  b = a;
+  b.logging.level = "debug";
+  CHECK(fingerprint(b) != fp);
+  // A field's value cannot slide into the next field's name.
+  JobSpec c = a, d = a;
+  c.data.class_names = {"a", "b"};
+  d.data.class_names = {"a, b"};
+  CHECK(fingerprint(c) != fingerprint(d));
+}
+
+TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]") {
+  // Workers of one job compare fingerprints, possibly built on different machines. This value
+  // changes only when the field table (names, order) or the canonical text changes: update it
+  // on purpose, never to make the test pass.
+  CHECK(fingerprint(minimal()) == "26f10fe328cba5c145fc3d300086897f");
+}
+
+TEST_CASE("to_json has the same tree", "[config]") {
+  JobSpec s = every_field_changed();
+  const nlohmann::json j = to_json(s);
+  CHECK(j["model"]["arch"] == "resnet18");
+  CHECK(j["model"]["num_classes"] == 7);
+  CHECK(j["data"]["train"]["path"] == "/data/train.csv");
+  CHECK(j["data"]["augment"]["crop_scale_min"] == 0.25);
+  CHECK(j["data"]["class_names"].size() == 5);
+  CHECK(j["data"]["seed"] == -123456789012345);
+  CHECK(j["train"]["optimizer"]["name"] == "sgd");
+  CHECK(j["train"]["optimizer"]["learning_rate"] == 0.1 / 3);
+  CHECK(j["train"]["optimizer"]["nesterov"] == true);
+  CHECK(j["train"]["lr_schedule"]["step_epochs"] == 10);
+  CHECK(j["checkpoint"]["keep"] == 9);
+  CHECK(j["logging"]["level"] == "debug");
+  CHECK(to_json(minimal())["model"]["num_classes"] == "auto");
+
+  // Every flattened field is a leaf of the JSON tree.
+  for (const auto& [path, value] : flatten(s)) {
+    INFO("field " << path);
+    const nlohmann::json* node = &j;
+    size_t start = 0;
+    while (true) {
+      const size_t dot = path.find('.', start);
+      const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+      REQUIRE(node->contains(key));
+      node = &(*node)[key];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    CHECK_FALSE(node->is_object());
+  }
+}
+
+TEST_CASE("field_reference lists every field with its default and doc", "[config]") {
+  const std::string ref = field_reference();
+  CHECK_THAT(ref, Contains("  train.optimizer.learning_rate = 0.0001"));
+  CHECK_THAT(ref, Contains("# base learning rate (tutorial: Adam 1e-4)"));
+  CHECK_THAT(ref, Contains("  model.num_classes = auto"));
+  CHECK_THAT(ref, Contains("  model.pretrained = \"\""));
+  CHECK_THAT(ref, Contains("(resnet18|resnet34|resnet50|resnet101|resnet152)"));
+  CHECK_THAT(ref, StartsWith("model: "));
+  CHECK_THAT(ref, Contains("\ntrain: "));
+  for (const auto& [path, value] : flatten(JobSpec{})) {
+    INFO("field " << path);
+    CHECK_THAT(ref, Contains("  " + path + " = "));
+  }
+}
