@@ -1,0 +1,32 @@
+#include "trainer/cluster/job_dir.h"
+
+#include <system_error>
+
+#include "trainer/util/error.h"
+
+namespace trainer::cluster {
+
+JobDir::JobDir(fs::path root, const ClusterSpec& cluster)
+    : root_(std::move(root)), is_chief_(cluster.is_chief) {
+  write_dir_ = is_chief_ ? root_ : root_ / ("workertemp_" + std::to_string(cluster.task_index));
+}
+
+void JobDir::prepare() const {
+  std::error_code ec;
+  if (fs::exists(root_, ec) && !fs::is_directory(root_, ec)) {
+    throw ConfigError("--job-dir '" + root_.string() + "': exists and is not a directory");
+  }
+  for (const fs::path& dir : is_chief_ ? std::vector<fs::path>{root_, checkpoints_dir()}
+                                       : std::vector<fs::path>{write_dir_}) {
+    fs::create_directories(dir, ec);
+    if (ec) throw ConfigError("--job-dir: cannot create '" + dir.string() + "': " + ec.message());
+  }
+}
+
+void JobDir::finish_clean() const {
+  if (is_chief_) return;
+  std::error_code ec;
+  fs::remove_all(write_dir_, ec);
+}
+
+}  // namespace trainer::cluster

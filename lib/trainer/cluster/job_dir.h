@@ -1,0 +1,45 @@
+// The job directory layout and the one helper that decides where this process may write.
+// The chief owns JOB_DIR (job.yaml, metrics.jsonl, checkpoints/, model/); every other worker
+// writes only under JOB_DIR/workertemp_<task index>/, which it removes when it ends cleanly.
+// Nothing else in the program checks the rank to decide a path. Not thread-safe to prepare();
+// the accessors are const.
+#pragma once
+
+#include <filesystem>
+
+#include "trainer/cluster/cluster_spec.h"
+
+namespace trainer::cluster {
+
+namespace fs = std::filesystem;
+
+class JobDir {
+ public:
+  JobDir(fs::path root, const ClusterSpec& cluster);
+
+  const fs::path& root() const { return root_; }
+  bool is_chief() const { return is_chief_; }
+
+  // Where this process writes: the job dir itself on the chief, its workertemp_<i> elsewhere.
+  const fs::path& write_dir() const { return write_dir_; }
+
+  fs::path job_yaml() const { return root_ / "job.yaml"; }
+  fs::path metrics_file() const { return root_ / "metrics.jsonl"; }
+  fs::path checkpoints_dir() const { return root_ / "checkpoints"; }
+  fs::path model_dir() const { return root_ / "model"; }
+  fs::path log_file() const { return write_dir_ / "trainer.log"; }
+
+  // Creates write_dir() (and the chief's sub-dirs). Throws ConfigError naming the path when it
+  // cannot be created (a file in the way, no permission).
+  void prepare() const;
+
+  // Removes a non-chief's workertemp dir after a clean finish (no-op on the chief).
+  void finish_clean() const;
+
+ private:
+  fs::path root_;
+  fs::path write_dir_;
+  bool is_chief_;
+};
+
+}  // namespace trainer::cluster
