@@ -31,14 +31,25 @@ class ResNetImpl : public torch::nn::Module {
  private:
   ResNetOptions options_;
   int64_t feature_dim_ = 0;
-  // (children: the implementer's choice, registered under torchvision's names)
+  // Registered in torchvision's order and under its names (the state-dict order follows).
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::ReLU relu_{nullptr};
+  torch::nn::MaxPool2d maxpool_{nullptr};
+  torch::nn::Sequential layer1_{nullptr}, layer2_{nullptr}, layer3_{nullptr}, layer4_{nullptr};
+  torch::nn::AdaptiveAvgPool2d avgpool_{nullptr};
+  // "fc": a Linear when head_hidden == 0 (fc_linear_), else Sequential(Linear, ReLU, Linear).
+  torch::nn::Linear fc_linear_{nullptr};
+  torch::nn::Sequential fc_head_{nullptr};
 };
 TORCH_MODULE(ResNet);
 
 // The supported arch names, in order.
 const std::vector<std::string>& supported_archs();
 
-// Builds a freshly initialised model; throws ConfigError for an unknown arch or a bad size.
+// Builds a freshly initialised model (from torch's default generator: torch::manual_seed makes
+// it reproducible); throws ConfigError for an unknown arch or a bad size. The constructor
+// validates the same way.
 ResNet make_resnet(const ResNetOptions& options);
 
 // Total number of parameter elements (trainable or not).
@@ -47,7 +58,8 @@ int64_t count_parameters(const torch::nn::Module& module);
 // True for parameter/buffer names of the classifier (`fc`, `fc.*`).
 bool is_classifier_key(const std::string& name);
 
-// Puts every BatchNorm layer in eval mode (frozen statistics) while the rest trains.
+// Puts every BatchNorm layer in eval mode (frozen statistics) while the rest trains. Call it
+// after module.train(), which switches every layer back to training mode.
 void set_batchnorm_eval(torch::nn::Module& module);
 
 // freeze_backbone: requires_grad(false) on every parameter that is not the classifier's.

@@ -18,17 +18,22 @@ namespace trainer::model {
 using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 using Metadata = std::map<std::string, std::string>;
 
-// The module's parameters and buffers under their dotted names (CPU, contiguous copies).
+// The module's parameters and buffers under their dotted names (detached CPU, contiguous copies),
+// per module its parameters then its buffers, depth-first in registration order.
 StateDict state_dict(const torch::nn::Module& module);
 
 // Serialises to safetensors bytes / writes atomically. Supported dtypes: F32, F16, BF16, F64,
-// I64, I32, I16, I8, U8, BOOL.
+// I64, I32, I16, I8, U8, BOOL. Data is laid out in StateDict order (any device or memory
+// format; written as row-major CPU bytes); the header is space-padded to a multiple of 8.
+// A duplicate or empty name, "__metadata__" or an unsupported dtype is a bug: Error(kInternal).
 std::string encode_safetensors(const StateDict& tensors, const Metadata& metadata = {});
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const Metadata& metadata = {});
 
-// Parses safetensors bytes / a file. Throws DataError naming the file and what is wrong
-// (truncated, bad header JSON, offsets out of range, unknown dtype).
+// Parses safetensors bytes / a file; the tensors come back sorted by data offset (so a file we
+// wrote comes back in its StateDict order). Throws DataError naming the file and what is wrong
+// (truncated, bad header JSON, offsets out of range, unknown dtype, a span that is not
+// shape x itemsize, tensors that overlap or leave gaps in the data section, non-string metadata).
 StateDict decode_safetensors(const std::string& bytes, const std::string& origin,
                              Metadata* metadata = nullptr);
 StateDict load_safetensors(const std::string& path, Metadata* metadata = nullptr);
@@ -38,10 +43,13 @@ struct LoadReport {
 };
 
 // Copies `tensors` into the module's parameters and buffers (no autograd), converting dtype
-// and device. strict: every module key must be present and no extra key allowed, shapes equal;
-// otherwise a DataError names the first problem key. allow_classifier_mismatch: classifier keys
-// (is_classifier_key) whose shape differs (or which are missing) are left freshly initialised
-// and listed in the report.
+// and device and keeping each module tensor's memory format. strict: every module key must be
+// present and no extra key allowed, shapes equal; otherwise a DataError names the first problem
+// key (and both shapes). Everything is checked before anything is copied, so a failed load
+// leaves the module unchanged. allow_classifier_mismatch: classifier keys (is_classifier_key)
+// whose shape differs (or which are missing) are left freshly initialised and listed in the
+// report, and classifier keys of the file that the module lacks (fc.weight against an fc.0/fc.2
+// head) are ignored.
 LoadReport load_state_dict(torch::nn::Module& module, const StateDict& tensors,
                            const std::string& origin, bool allow_classifier_mismatch = false);
 

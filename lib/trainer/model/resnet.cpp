@@ -1,0 +1,245 @@
+#include "trainer/model/resnet.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "trainer/util/error.h"
+
+namespace trainer::model {
+
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr double kBnEps = 1e-5;
+constexpr double kBnMomentum = 0.1;
+
+nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+}
+
+nn::Conv2d conv1x1(int64_t in, int64_t out, int64_t stride) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
+}
+
+nn::BatchNorm2d batch_norm(int64_t features) {
+  return nn::BatchNorm2d(nn::BatchNormOptions(features).eps(kBnEps).momentum(kBnMomentum));
+}
+
+// torchvision.models.resnet.BasicBlock (expansion 1).
+class BasicBlockImpl : public nn::Module {
+ public:
+  static constexpr int64_t kExpansion = 1;
+
+  BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample)
+      : conv1_(register_module("conv1", conv3x3(inplanes, planes, stride))),
+        bn1_(register_module("bn1", batch_norm(planes))),
+        relu_(register_module("relu", nn::ReLU(nn::ReLUOptions(true)))),
+        conv2_(register_module("conv2", conv3x3(planes, planes, 1))),
+        bn2_(register_module("bn2", batch_norm(planes))) {
+    if (downsample) downsample_ = register_module("downsample", downsample);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
+    torch::Tensor out = relu_(bn1_(conv1_(x)));
+    out = bn2_(conv2_(out));
+    out += identity;
+    return relu_(out);
+  }
+
+ private:
+  nn::Conv2d conv1_;
+  nn::BatchNorm2d bn1_;
+  nn::ReLU relu_;
+  nn::Conv2d conv2_;
+  nn::BatchNorm2d bn2_;
+  nn::Sequential downsample_{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// torchvision.models.resnet.Bottleneck (expansion 4, ResNet v1.5: the stride sits on conv2).
+class BottleneckImpl : public nn::Module {
+ public:
+  static constexpr int64_t kExpansion = 4;
+
+  BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample)
+      : conv1_(register_module("conv1", conv1x1(inplanes, planes, 1))),
+        bn1_(register_module("bn1", batch_norm(planes))),
+        conv2_(register_module("conv2", conv3x3(planes, planes, stride))),
+        bn2_(register_module("bn2", batch_norm(planes))),
+        conv3_(register_module("conv3", conv1x1(planes, planes * kExpansion, 1))),
+        bn3_(register_module("bn3", batch_norm(planes * kExpansion))),
+        relu_(register_module("relu", nn::ReLU(nn::ReLUOptions(true)))) {
+    if (downsample) downsample_ = register_module("downsample", downsample);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
+    torch::Tensor out = relu_(bn1_(conv1_(x)));
+    out = relu_(bn2_(conv2_(out)));
+    out = bn3_(conv3_(out));
+    out += identity;
+    return relu_(out);
+  }
+
+ private:
+  nn::Conv2d conv1_;
+  nn::BatchNorm2d bn1_;
+  nn::Conv2d conv2_;
+  nn::BatchNorm2d bn2_;
+  nn::Conv2d conv3_;
+  nn::BatchNorm2d bn3_;
+  nn::ReLU relu_;
+  nn::Sequential downsample_{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+struct ArchSpec {
+  const char* name;
+  bool bottleneck;
+  int64_t blocks[4];
+};
+
+constexpr ArchSpec kArchs[] = {
+    {"resnet18", false, {2, 2, 2, 2}},  {"resnet34", false, {3, 4, 6, 3}},
+    {"resnet50", true, {3, 4, 6, 3}},   {"resnet101", true, {3, 4, 23, 3}},
+    {"resnet152", true, {3, 8, 36, 3}},
+};
+
+const ArchSpec& find_arch(const std::string& arch) {
+  for (const ArchSpec& spec : kArchs) {
+    if (arch == spec.name) return spec;
+  }
+  std::string names;
+  for (const std::string& name : supported_archs()) names += (names.empty() ? "" : "|") + name;
+  throw ConfigError("model.arch: expected one of " + names + ", got '" + arch + "'");
+}
+
+void validate(const ResNetOptions& options) {
+  find_arch(options.arch);
+  if (options.num_classes < 1) {
+    throw ConfigError("model.num_classes: expected >= 1, got " +
+                      std::to_string(options.num_classes));
+  }
+  if (options.head_hidden < 0) {
+    throw ConfigError("model.head_hidden: expected >= 0 (0: a single Linear), got " +
+                      std::to_string(options.head_hidden));
+  }
+}
+
+// torchvision's ResNet._make_layer; `inplanes` is updated to the layer's output width.
+template <typename Block>
+nn::Sequential make_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int64_t stride) {
+  nn::Sequential downsample{nullptr};
+  if (stride != 1 || inplanes != planes * Block::Impl::kExpansion) {
+    downsample = nn::Sequential(conv1x1(inplanes, planes * Block::Impl::kExpansion, stride),
+                                batch_norm(planes * Block::Impl::kExpansion));
+  }
+  nn::Sequential layer;
+  layer->push_back(Block(inplanes, planes, stride, downsample));
+  inplanes = planes * Block::Impl::kExpansion;
+  for (int64_t i = 1; i < blocks; ++i) {
+    layer->push_back(Block(inplanes, planes, 1, nn::Sequential{nullptr}));
+  }
+  return layer;
+}
+
+}  // namespace
+
+ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
+  validate(options_);
+  const ArchSpec& spec = find_arch(options_.arch);
+
+  int64_t inplanes = 64;
+  conv1_ = register_module(
+      "conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false)));
+  bn1_ = register_module("bn1", batch_norm(inplanes));
+  relu_ = register_module("relu", nn::ReLU(nn::ReLUOptions(true)));
+  maxpool_ =
+      register_module("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+
+  nn::Sequential* layers[4] = {&layer1_, &layer2_, &layer3_, &layer4_};
+  const int64_t planes[4] = {64, 128, 256, 512};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t stride = i == 0 ? 1 : 2;
+    nn::Sequential layer =
+        spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride)
+                        : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride);
+    *layers[i] = register_module("layer" + std::to_string(i + 1), layer);
+  }
+  feature_dim_ = inplanes;
+  avgpool_ = register_module("avgpool", nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
+
+  if (options_.head_hidden == 0) {
+    fc_linear_ = register_module("fc", nn::Linear(feature_dim_, options_.num_classes));
+  } else {
+    fc_head_ = register_module(
+        "fc", nn::Sequential(nn::Linear(feature_dim_, options_.head_hidden), nn::ReLU(),
+                             nn::Linear(options_.head_hidden, options_.num_classes)));
+  }
+
+  // As torchvision: convs kaiming_normal_(fan_out, relu), BN weight 1 / bias 0, Linear keeps
+  // its nn.Linear default (done by its constructor). Module order follows self.modules().
+  apply([](nn::Module& module) {
+    if (auto* conv = dynamic_cast<nn::Conv2dImpl*>(&module)) {
+      nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(&module)) {
+      nn::init::ones_(bn->weight);
+      nn::init::zeros_(bn->bias);
+    }
+  });
+}
+
+torch::Tensor ResNetImpl::forward(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet.forward: expected [N,3,H,W], got ",
+              x.sizes());
+  x = maxpool_(relu_(bn1_(conv1_(x))));
+  x = layer1_->forward(x);
+  x = layer2_->forward(x);
+  x = layer3_->forward(x);
+  x = layer4_->forward(x);
+  x = torch::flatten(avgpool_(x), 1);
+  return fc_linear_ ? fc_linear_(x) : fc_head_->forward(x);
+}
+
+const std::vector<std::string>& supported_archs() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const ArchSpec& spec : kArchs) out.emplace_back(spec.name);
+    return out;
+  }();
+  return names;
+}
+
+ResNet make_resnet(const ResNetOptions& options) {
+  validate(options);
+  return ResNet(options);
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const torch::Tensor& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+bool is_classifier_key(const std::string& name) {
+  return name == "fc" || name.rfind("fc.", 0) == 0;
+}
+
+void set_batchnorm_eval(torch::nn::Module& module) {
+  module.apply([](nn::Module& m) {
+    if (dynamic_cast<nn::BatchNorm1dImpl*>(&m) || dynamic_cast<nn::BatchNorm2dImpl*>(&m) ||
+        dynamic_cast<nn::BatchNorm3dImpl*>(&m)) {
+      m.eval();
+    }
+  });
+}
+
+void freeze_backbone(torch::nn::Module& module) {
+  for (auto& item : module.named_parameters()) {
+    if (!is_classifier_key(item.key())) item.value().set_requires_grad(false);
+  }
+}
+
+}  // namespace trainer::model

@@ -1,0 +1,136 @@
+// Parity with torchvision: our weights give torchvision's logits and torchvision's weights give
+// ours (tests/parity/torchvision_parity.py, run with TRAINER_PYTHON). Needs python3-torchvision;
+// without it the test fails and says how to install it.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "model_test_util.h"
+#include "trainer/model/resnet.h"
+#include "trainer/model/safetensors.h"
+
+using namespace trainer::model;
+using trainer::model::testing::calibrate_batchnorm;
+using trainer::model::testing::seeded_input;
+using trainer::model::testing::TempDir;
+
+namespace {
+
+constexpr double kTolerance = 1e-4;
+constexpr int kInitSeed = 7;  // our model's torch seed, passed on to the script
+
+struct Run {
+  int rc = -1;
+  std::string output;
+};
+
+// Runs a shell command, returning its exit status and its stdout+stderr.
+Run run_command(const std::string& command) {
+  Run run;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return run;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  run.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+void require_torchvision() {
+  const Run probe =
+      run_command(std::string(TRAINER_PYTHON) + " -c 'import torch, torchvision, numpy'");
+  if (probe.rc != 0) {
+    FAIL("the parity test needs torch, torchvision and numpy for " TRAINER_PYTHON
+         " (Debian: python3-torch python3-torchvision python3-numpy); run scripts/install-deps.sh "
+         "as root. Import failed with:\n"
+         << probe.output);
+  }
+}
+
+const torch::Tensor& find(const StateDict& sd, const std::string& name) {
+  for (const auto& [key, tensor] : sd) {
+    if (key == name) return tensor;
+  }
+  FAIL("no tensor '" << name << "'");
+  static torch::Tensor none;
+  return none;
+}
+
+}  // namespace
+
+TEST_CASE("ResNet matches torchvision both ways", "[parity]") {
+  require_torchvision();
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(2);
+  const std::string script =
+      std::string(TRAINER_SOURCE_DIR) + "/tests/parity/torchvision_parity.py";
+
+  const std::vector<ResNetOptions> variants = {{"resnet50", 5, 0}, {"resnet18", 3, 16}};
+  for (const ResNetOptions& options : variants) {
+    INFO(options.arch << " num_classes " << options.num_classes << " head_hidden "
+                      << options.head_hidden);
+    TempDir dir;
+
+    // (1) Our model, weights and logits.
+    torch::manual_seed(kInitSeed);
+    ResNet ours = make_resnet(options);
+    calibrate_batchnorm(
+        *ours, [&](torch::Tensor x) { return ours->forward(x); }, 8);
+    const torch::Tensor input = seeded_input({2, 3, 64, 64}, 9);
+    torch::Tensor logits;
+    {
+      torch::NoGradGuard no_grad;
+      logits = ours->forward(input);
+    }
+    save_safetensors(dir.file("ours_state.safetensors"), state_dict(*ours),
+                     {{"arch", options.arch}});
+    save_safetensors(dir.file("ours_io.safetensors"), {{"input", input}, {"logits", logits}});
+
+    // (2) torchvision loads ours (strict) and compares; it writes its own model and logits.
+    const std::string command = std::string(TRAINER_PYTHON) + " " + quoted(script) + " --arch " +
+                                options.arch + " --num-classes " +
+                                std::to_string(options.num_classes) + " --head-hidden " +
+                                std::to_string(options.head_hidden) + " --ours-state " +
+                                quoted(dir.file("ours_state.safetensors")) + " --ours-io " +
+                                quoted(dir.file("ours_io.safetensors")) + " --theirs-state " +
+                                quoted(dir.file("theirs_state.safetensors")) + " --theirs-io " +
+                                quoted(dir.file("theirs_io.safetensors")) +
+                                " --seed 4321 --tol 1e-4 --init-seed " + std::to_string(kInitSeed);
+    const Run run = run_command(command);
+    INFO("command: " << command << "\noutput:\n" << run.output);
+    REQUIRE(run.rc == 0);
+    std::cout << "[parity] " << options.arch << "/" << options.num_classes << "/"
+              << options.head_hidden << " torchvision side: " << run.output;
+
+    // (3) torchvision's weights in our model (strict) give torchvision's logits.
+    torch::manual_seed(99);
+    ResNet theirs = make_resnet(options);
+    Metadata meta;
+    const LoadReport report =
+        load_state_dict(*theirs, load_safetensors(dir.file("theirs_state.safetensors"), &meta),
+                        "theirs_state.safetensors");
+    CHECK(report.reinitialised.empty());
+    CHECK(meta["source"] == "torchvision");
+    const StateDict io = load_safetensors(dir.file("theirs_io.safetensors"));
+    REQUIRE(torch::equal(find(io, "input"), input));
+    const torch::Tensor& expected = find(io, "logits");
+    theirs->eval();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor got = theirs->forward(input);
+    REQUIRE(got.sizes() == expected.sizes());
+    const double diff = (got - expected).abs().max().item<double>();
+    std::cout << "[parity] " << options.arch << "/" << options.num_classes << "/"
+              << options.head_hidden << " torchvision weights in ours: max |diff| = " << diff
+              << " (logits max |x| = " << expected.abs().max().item<double>() << ")\n";
+    CHECK(diff <= kTolerance);
+    // The two models really differ (so the comparison is not vacuous).
+    CHECK((expected - logits).abs().max().item<double>() > 1e-2);
+  }
+  torch::set_num_threads(threads);
+}

@@ -1,0 +1,273 @@
+// ResNet family: sizes, names, initialisation, options errors and the training helpers.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+#include "model_test_util.h"
+#include "trainer/model/resnet.h"
+#include "trainer/model/safetensors.h"
+#include "trainer/util/error.h"
+#include "trainer/util/torch_compat.h"
+
+using namespace trainer::model;
+using trainer::model::testing::calibrate_batchnorm;
+using trainer::model::testing::seeded_input;
+
+namespace {
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
+std::vector<std::string> state_dict_keys(const torch::nn::Module& module) {
+  std::vector<std::string> keys;
+  for (const auto& [name, tensor] : state_dict(module)) keys.push_back(name);
+  return keys;
+}
+
+std::string config_error_of(const ResNetOptions& options) {
+  try {
+    make_resnet(options);
+  } catch (const trainer::ConfigError& e) {
+    return e.what();
+  }
+  FAIL("expected a ConfigError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("parameter counts equal torchvision's", "[resnet]") {
+  // sum(p.numel() for p in torchvision.models.resnetXX().parameters()), torchvision 0.14.
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"resnet18", 11689512},  {"resnet34", 21797672},  {"resnet50", 25557032},
+      {"resnet101", 44549160}, {"resnet152", 60192808},
+  };
+  REQUIRE(supported_archs() ==
+          std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
+  for (const auto& [arch, count] : expected) {
+    INFO(arch);
+    ResNet net = make_resnet({arch, 1000, 0});
+    CHECK(count_parameters(*net) == count);
+    CHECK(net->feature_dim() == (arch == "resnet18" || arch == "resnet34" ? 512 : 2048));
+    CHECK(net->options().arch == arch);
+  }
+}
+
+TEST_CASE("head_hidden replaces fc by Linear-ReLU-Linear", "[resnet]") {
+  ResNet net = make_resnet({"resnet50", 5, 1016});
+  const int64_t expected = 25557032 - (2048 * 1000 + 1000) + (2048 * 1016 + 1016) + (1016 * 5 + 5);
+  CHECK(count_parameters(*net) == expected);
+  std::vector<std::string> fc_keys;
+  for (const auto& item : net->named_parameters()) {
+    if (is_classifier_key(item.key())) fc_keys.push_back(item.key());
+  }
+  CHECK(fc_keys ==
+        std::vector<std::string>{"fc.0.weight", "fc.0.bias", "fc.2.weight", "fc.2.bias"});
+  CHECK(net->named_parameters()["fc.0.weight"].sizes() == torch::IntArrayRef({1016, 2048}));
+  CHECK(net->named_parameters()["fc.2.weight"].sizes() == torch::IntArrayRef({5, 1016}));
+}
+
+TEST_CASE("output shapes", "[resnet]") {
+  torch::NoGradGuard no_grad;
+  struct Case {
+    std::string arch;
+    int64_t num_classes, head_hidden;
+    std::vector<int64_t> input;
+  };
+  const std::vector<Case> cases = {
+      {"resnet18", 10, 0, {2, 3, 64, 64}}, {"resnet18", 1000, 0, {1, 3, 224, 224}},
+      {"resnet34", 3, 0, {1, 3, 32, 32}},  {"resnet50", 7, 16, {2, 3, 80, 48}},
+      {"resnet101", 2, 0, {1, 3, 33, 47}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.arch << " classes " << c.num_classes << " input " << torch::IntArrayRef(c.input));
+    ResNet net = make_resnet({c.arch, c.num_classes, c.head_hidden});
+    net->eval();
+    torch::Tensor y = net->forward(seeded_input(c.input, 1));
+    CHECK(y.sizes() == torch::IntArrayRef({c.input[0], c.num_classes}));
+    CHECK(y.scalar_type() == torch::kFloat);
+    CHECK(torch::isfinite(y).all().item<bool>());
+  }
+}
+
+TEST_CASE("state-dict keys and order equal torchvision's", "[resnet]") {
+  for (const std::string arch : {"resnet18", "resnet50"}) {
+    INFO(arch);
+    const auto expected =
+        read_lines(std::string(TRAINER_SOURCE_DIR) + "/tests/data/" + arch + "_keys.txt");
+    ResNet net = make_resnet({arch, 1000, 0});
+    const auto keys = state_dict_keys(*net);
+    CHECK(std::set<std::string>(keys.begin(), keys.end()) ==
+          std::set<std::string>(expected.begin(), expected.end()));
+    CHECK(keys == expected);
+
+    // named_parameters() + named_buffers() give the same names.
+    std::set<std::string> named;
+    for (const auto& item : net->named_parameters()) named.insert(item.key());
+    for (const auto& item : net->named_buffers()) named.insert(item.key());
+    CHECK(named == std::set<std::string>(expected.begin(), expected.end()));
+  }
+}
+
+TEST_CASE("initialisation follows torchvision", "[resnet]") {
+  torch::manual_seed(3);
+  ResNet net = make_resnet({"resnet50", 1000, 0});
+  auto params = net->named_parameters();
+  // kaiming_normal_(fan_out, relu): std = sqrt(2 / (out_channels * kh * kw)).
+  for (const std::string name :
+       {"conv1.weight", "layer3.0.conv2.weight", "layer4.2.conv3.weight"}) {
+    INFO(name);
+    torch::Tensor w = params[name];
+    const double fan_out = static_cast<double>(w.size(0) * w.size(2) * w.size(3));
+    CHECK(w.std().item<double>() == Approx(std::sqrt(2.0 / fan_out)).epsilon(0.05));
+    CHECK(std::abs(w.mean().item<double>()) < 0.1 * std::sqrt(2.0 / fan_out));
+  }
+  // nn.Linear default: weight and bias within +-1/sqrt(fan_in).
+  const double bound = 1.0 / std::sqrt(2048.0);
+  CHECK(params["fc.weight"].abs().max().item<double>() <= bound);
+  CHECK(params["fc.bias"].abs().max().item<double>() <= bound);
+  CHECK(params["fc.weight"].abs().max().item<double>() > 0.9 * bound);
+  auto buffers = net->named_buffers();
+  CHECK(torch::all(buffers["bn1.running_mean"] == 0).item<bool>());
+  CHECK(torch::all(buffers["bn1.running_var"] == 1).item<bool>());
+  CHECK(buffers["bn1.num_batches_tracked"].scalar_type() == torch::kLong);
+
+  // BN weight 1, bias 0, eps 1e-5 and momentum 0.1 as torchvision.
+  bool saw_bn = false;
+  net->apply([&](torch::nn::Module& m) {
+    if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m)) {
+      saw_bn = true;
+      CHECK(bn->options.eps() == 1e-5);
+      CHECK(bn->options.momentum().value() == 0.1);
+      CHECK(torch::all(bn->weight == 1).item<bool>());
+      CHECK(torch::all(bn->bias == 0).item<bool>());
+    }
+  });
+  CHECK(saw_bn);
+}
+
+TEST_CASE("make_resnet rejects bad options with ConfigError", "[resnet]") {
+  CHECK(config_error_of({"resnet51", 10, 0}) ==
+        "model.arch: expected one of resnet18|resnet34|resnet50|resnet101|resnet152, got "
+        "'resnet51'");
+  CHECK_THAT(config_error_of({"resnet18", 0, 0}),
+             Catch::Contains("model.num_classes") && Catch::Contains("got 0"));
+  CHECK_THAT(config_error_of({"resnet18", 10, -1}),
+             Catch::Contains("model.head_hidden") && Catch::Contains("got -1"));
+  CHECK_THROWS_AS(ResNet(ResNetOptions{"", 10, 0}), trainer::ConfigError);
+}
+
+TEST_CASE("is_classifier_key", "[resnet]") {
+  CHECK(is_classifier_key("fc"));
+  CHECK(is_classifier_key("fc.weight"));
+  CHECK(is_classifier_key("fc.2.bias"));
+  CHECK_FALSE(is_classifier_key("fcx.weight"));
+  CHECK_FALSE(is_classifier_key("conv1.weight"));
+  CHECK_FALSE(is_classifier_key("layer4.1.bn2.fc"));
+}
+
+TEST_CASE("freeze_backbone leaves only the classifier trainable", "[resnet]") {
+  ResNet net = make_resnet({"resnet18", 4, 8});
+  freeze_backbone(*net);
+  int64_t trainable = 0;
+  for (const auto& item : net->named_parameters()) {
+    INFO(item.key());
+    CHECK(item.value().requires_grad() == is_classifier_key(item.key()));
+    if (item.value().requires_grad()) trainable += item.value().numel();
+  }
+  CHECK(trainable == 512 * 8 + 8 + 8 * 4 + 4);
+
+  // A backward pass reaches only the classifier.
+  net->train();
+  net->forward(seeded_input({2, 3, 32, 32}, 5)).sum().backward();
+  CHECK(net->named_parameters()["fc.2.weight"].grad().defined());
+  CHECK_FALSE(net->named_parameters()["conv1.weight"].grad().defined());
+}
+
+TEST_CASE("set_batchnorm_eval freezes statistics while the rest trains", "[resnet]") {
+  ResNet net = make_resnet({"resnet18", 4, 0});
+  net->train();
+  set_batchnorm_eval(*net);
+  CHECK(net->is_training());
+  int bn_count = 0;
+  net->apply([&](torch::nn::Module& m) {
+    if (dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m)) {
+      ++bn_count;
+      CHECK_FALSE(m.is_training());
+    } else {
+      CHECK(m.is_training());
+    }
+  });
+  CHECK(bn_count == 20);  // bn1 + 8 blocks x 2 + 3 downsample BNs
+  const torch::Tensor before = net->named_buffers()["layer2.0.bn1.running_mean"].clone();
+  net->forward(seeded_input({2, 3, 32, 32}, 6)).sum().backward();
+  CHECK(torch::equal(before, net->named_buffers()["layer2.0.bn1.running_mean"]));
+  CHECK(net->named_buffers()["bn1.num_batches_tracked"].item<int64_t>() == 0);
+}
+
+TEST_CASE("channels_last gives the same logits as contiguous", "[resnet]") {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  ResNet net = make_resnet({"resnet18", 6, 0});
+  calibrate_batchnorm(
+      *net, [&](torch::Tensor x) { return net->forward(x); }, 12);
+  const torch::Tensor x = seeded_input({2, 3, 64, 64}, 13);
+  const torch::Tensor reference = net->forward(x);
+
+  const torch::Tensor y = net->forward(x.contiguous(torch::MemoryFormat::ChannelsLast));
+  CHECK((y - reference).abs().max().item<float>() < 1e-4);
+
+  // Weights in channels_last as well (what the train runtime does).
+  for (auto& p : net->parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  const torch::Tensor z = net->forward(x.contiguous(torch::MemoryFormat::ChannelsLast));
+  CHECK((z - reference).abs().max().item<float>() < 1e-4);
+}
+
+TEST_CASE("forward and backward under bf16 CPU autocast with channels_last", "[resnet]") {
+  torch::manual_seed(21);
+  ResNet net = make_resnet({"resnet18", 5, 0});
+  net->train();
+  const torch::Tensor x =
+      seeded_input({2, 3, 64, 64}, 22).contiguous(torch::MemoryFormat::ChannelsLast);
+  const torch::Tensor target = torch::tensor({1, 3}, torch::kLong);
+  torch::Tensor logits;
+  {
+    trainer::compat::AutocastGuard autocast(true, torch::Device(torch::kCPU));
+    CHECK(trainer::compat::autocast_enabled(torch::kCPU));
+    CHECK(trainer::compat::autocast_dtype(torch::kCPU) == torch::kBFloat16);
+    logits = net->forward(x);
+  }
+  CHECK_FALSE(trainer::compat::autocast_enabled(torch::kCPU));
+  CHECK(logits.scalar_type() == torch::kBFloat16);  // fc ran in bf16
+  CHECK(logits.sizes() == torch::IntArrayRef({2, 5}));
+  torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), target);
+  loss.backward();
+  CHECK(std::isfinite(loss.item<float>()));
+  for (const std::string name : {"conv1.weight", "layer4.1.conv2.weight", "fc.weight"}) {
+    INFO(name);
+    torch::Tensor g = net->named_parameters()[name].grad();
+    REQUIRE(g.defined());
+    CHECK(g.scalar_type() == torch::kFloat);  // master weights stay fp32
+    CHECK(torch::isfinite(g).all().item<bool>());
+    CHECK(g.abs().sum().item<float>() > 0);
+  }
+
+  // A disabled guard changes nothing.
+  {
+    trainer::compat::AutocastGuard off(false, torch::Device(torch::kCPU));
+    CHECK_FALSE(trainer::compat::autocast_enabled(torch::kCPU));
+    torch::NoGradGuard no_grad;
+    CHECK(net->forward(x).scalar_type() == torch::kFloat);
+  }
+}
