@@ -22,11 +22,11 @@ struct LoaderOptions {
   PreprocessOptions preprocess;
   int64_t batch_size = 32;
   bool shuffle = false;
-  bool drop_last = false;      // true for training: every batch is full
+  bool drop_last = false;  // true for training: every batch is full
   uint64_t seed = 0;
-  int num_workers = 2;         // decode threads (>= 1)
-  int prefetch_batches = 2;    // batches kept ready ahead of the consumer (>= 1)
-  bool skip_corrupt = false;   // false: a bad image throws DataError; true: dropped, counted
+  int num_workers = 2;        // decode threads (>= 1)
+  int prefetch_batches = 2;   // batches kept ready ahead of the consumer (>= 1)
+  bool skip_corrupt = false;  // false: a bad image throws DataError; true: dropped, counted
 };
 
 struct Batch {
@@ -53,10 +53,13 @@ class Loader {
   // Starts (or restarts) epoch `epoch` at batch `first_batch` (resume mid-epoch).
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch of the current epoch, nullopt after the last. A batch whose examples were
-  // all corrupt (skip mode) comes back with 0 rows. Rethrows a decode thread's DataError.
+  // all corrupt (skip mode) comes back with 0 rows. Rethrows a decode thread's DataError (the
+  // first by position in the failing batch, after the batches before it came back); the epoch
+  // is then abandoned and next() returns nullopt until start_epoch(). Calling next() before
+  // any start_epoch() is an Error (kInternal).
   std::optional<Batch> next();
 
-  int64_t skipped_total() const;                // corrupt examples skipped so far
+  int64_t skipped_total() const;                   // corrupt examples skipped so far
   std::vector<std::string> skipped_paths() const;  // the first 100 of them
 
  private:

@@ -1,10 +1,17 @@
 // Sources list the examples of a data.train / data.validation spec without decoding any image.
 //  - imagefolder: class = sub-directory name, classes sorted; files with an image extension
-//    (.jpg .jpeg .png .bmp), sorted by path within each class.
-//  - csv: the manifest's rows in order; header row names the columns; the label column holds a
-//    class index (0..K-1) or a class name. Image paths are relative to image_root and must stay
-//    inside it (a `../` escape or an absolute path outside is a DataError).
-// Stateless and thread-safe. Throws DataError naming the source, file and row.
+//    (.jpg .jpeg .png .bmp, any case) anywhere under the class directory, sorted by path within
+//    each class; hidden entries (".name") are skipped. A class folder without images is a
+//    warning (the class keeps its index); no images at all is an error.
+//  - csv: the manifest's rows in order (RFC 4180: quoted fields, "" escapes, CRLF, BOM; blank
+//    lines skipped); header row names the columns. If every label is an integer the labels are
+//    class indices (names: class_names, else "0".."K-1" with K = max + 1), otherwise class names
+//    (sorted unique unless class_names). Image paths are relative to image_root (default: the
+//    manifest's directory; a relative image_root is relative to the working directory) and must
+//    stay inside it, checked lexically (a `../` escape or an absolute path outside is an error).
+//    Rows are numbered from 1 after the header; messages give the row and its line.
+// Stateless and thread-safe (warnings go to spdlog). Throws DataError naming the source, file
+// and row.
 #pragma once
 
 #include <string>

@@ -13,8 +13,8 @@ namespace trainer::data {
 struct SyntheticOptions {
   std::string out_dir;
   int classes = 5;
-  int per_class = 100;                 // images per class in the first split (train);
-                                       // later splits get max(4, per_class / 4)
+  int per_class = 100;  // images per class in the first split (train);
+                        // later splits get max(4, per_class / 4)
   int image_size = 96;
   uint64_t seed = 0;
   std::vector<std::string> splits = {"train", "validation"};
@@ -25,6 +25,10 @@ struct SyntheticSummary {
   std::vector<std::pair<std::string, int64_t>> images_per_split;
 };
 
+// Images are rendered by a few threads, each from mix_seed(seed, {split index, class, index}),
+// and written as JPEG (quality 90). A re-run into the same directory overwrites; files named
+// <class>_<digits>.jpg beyond this run's counts (and synthetic class folders beyond `classes`)
+// left by an earlier, larger run are removed, so a listing sees exactly this run's images.
 // Throws UsageError for bad options, DataError when a file cannot be written.
 SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options);
 

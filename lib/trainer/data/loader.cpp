@@ -1,0 +1,289 @@
+#include "trainer/data/loader.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "trainer/data/random.h"
+#include "trainer/util/error.h"
+#include "trainer/util/rng.h"
+
+namespace trainer::data {
+
+namespace {
+constexpr size_t kMaxSkippedPaths = 100;   // remembered by skipped_paths()
+constexpr int64_t kMaxSkippedLogged = 10;  // logged one by one; the rest only counted
+}  // namespace
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (shuffle) {
+    Rng rng(util::mix_seed(seed, {static_cast<uint64_t>(epoch)}));
+    shuffle_in_place(order, rng);
+  }
+  return order;
+}
+
+// The pool: workers claim example positions of the current epoch in order, never beyond
+// `consumer_batch + prefetch_batches` batches, decode them and file the result in their batch's
+// slot. The consumer waits for its batch's slot to fill and assembles it in position order.
+// A generation number tags every claim, so a restart (start_epoch) or shutdown discards
+// in-flight work without waiting for it.
+struct Loader::Impl {
+  struct Slot {
+    std::vector<torch::Tensor> images;       // per position in the batch; undefined = bad
+    std::vector<std::string> bad_paths;      // per position; non-empty = skipped (corrupt)
+    std::vector<std::string> bad_reasons;    // per position; the DataError's message
+    std::vector<std::exception_ptr> errors;  // per position; non-null = the epoch fails
+    int64_t done = 0;
+  };
+
+  std::vector<Example> examples;
+  LoaderOptions options;
+  ImagePipeline pipeline;
+  int64_t batches = 0;
+
+  std::mutex mu;
+  std::condition_variable work_cv;  // workers wait for claimable work
+  std::condition_variable done_cv;  // the consumer waits for its batch
+  bool stop = false;
+  bool started = false;
+  bool failed = false;  // the current epoch threw; next() returns nullopt until start_epoch
+  uint64_t generation = 0;
+  int64_t epoch = 0;
+  std::vector<int64_t> order;
+  int64_t next_pos = 0;        // next position to claim
+  int64_t end_pos = 0;         // one past the last position of the epoch
+  int64_t consumer_batch = 0;  // the batch next() returns next
+  std::map<int64_t, Slot> slots;
+
+  int64_t skipped_total = 0;
+  std::vector<std::string> skipped_paths;
+  std::vector<std::thread> threads;
+
+  Impl(std::vector<Example> ex, LoaderOptions opt)
+      : examples(std::move(ex)), options(std::move(opt)), pipeline(options.preprocess) {
+    const int64_t n = static_cast<int64_t>(examples.size());
+    batches = options.drop_last ? n / options.batch_size
+                                : (n + options.batch_size - 1) / options.batch_size;
+  }
+
+  int64_t batch_begin(int64_t b) const { return b * options.batch_size; }
+  int64_t batch_end(int64_t b) const {
+    return std::min<int64_t>(batch_begin(b) + options.batch_size,
+                             static_cast<int64_t>(examples.size()));
+  }
+
+  bool claimable() const {
+    return next_pos < end_pos &&
+           next_pos / options.batch_size < consumer_batch + options.prefetch_batches;
+  }
+
+  void worker() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      work_cv.wait(lock, [&] { return stop || claimable(); });
+      if (stop) return;
+      const int64_t pos = next_pos++;
+      const int64_t b = pos / options.batch_size;
+      const uint64_t gen = generation;
+      const int64_t ep = epoch;
+      const int64_t index = order[static_cast<size_t>(pos)];
+      Slot& fresh = slots[b];
+      if (fresh.images.empty()) {
+        const auto len = static_cast<size_t>(batch_end(b) - batch_begin(b));
+        fresh.images.resize(len);
+        fresh.bad_paths.resize(len);
+        fresh.bad_reasons.resize(len);
+        fresh.errors.resize(len);
+      }
+      lock.unlock();
+
+      const Example& example = examples[static_cast<size_t>(index)];
+      const uint64_t seed =
+          util::mix_seed(options.seed, {static_cast<uint64_t>(ep), static_cast<uint64_t>(index)});
+      torch::Tensor image;
+      std::string bad_path;
+      std::string bad_reason;
+      std::exception_ptr error;
+      try {
+        image = pipeline.load(example.path, seed);
+      } catch (const DataError& e) {
+        if (options.skip_corrupt) {
+          bad_path = example.path;
+          bad_reason = e.what();
+        } else {
+          error = std::make_exception_ptr(
+              DataError(std::string(e.what()) +
+                        " (hint: data.on_corrupt: skip drops and counts such images)"));
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+
+      lock.lock();
+      if (stop) return;
+      if (gen != generation) continue;  // the epoch was restarted: discard
+      auto it = slots.find(b);
+      if (it == slots.end()) continue;
+      Slot& slot = it->second;
+      const auto k = static_cast<size_t>(pos - batch_begin(b));
+      slot.images[k] = std::move(image);
+      slot.bad_paths[k] = std::move(bad_path);
+      slot.bad_reasons[k] = std::move(bad_reason);
+      slot.errors[k] = std::move(error);
+      if (++slot.done == static_cast<int64_t>(slot.images.size())) done_cv.notify_all();
+    }
+  }
+
+  // Stops claiming work for the current epoch; in-flight results are discarded.
+  void abandon_locked() {
+    ++generation;
+    slots.clear();
+    next_pos = end_pos = 0;
+  }
+};
+
+Loader::Loader(std::vector<Example> examples, LoaderOptions options) {
+  if (options.batch_size < 1) {
+    throw ConfigError("loader: batch_size must be >= 1, got " + std::to_string(options.batch_size));
+  }
+  if (options.num_workers < 1) {
+    throw ConfigError("data.num_workers: expected >= 1, got " +
+                      std::to_string(options.num_workers));
+  }
+  if (options.prefetch_batches < 1) {
+    throw ConfigError("data.prefetch_batches: expected >= 1, got " +
+                      std::to_string(options.prefetch_batches));
+  }
+  impl_ = std::make_unique<Impl>(std::move(examples), std::move(options));
+  Impl* impl = impl_.get();
+  try {
+    for (int t = 0; t < impl->options.num_workers; ++t) {
+      impl->threads.emplace_back([impl] { impl->worker(); });
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      impl->stop = true;
+    }
+    impl->work_cv.notify_all();
+    for (auto& t : impl->threads) t.join();
+    throw;
+  }
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+    impl_->abandon_locked();
+  }
+  impl_->work_cv.notify_all();
+  impl_->done_cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+int64_t Loader::num_examples() const { return static_cast<int64_t>(impl_->examples.size()); }
+
+int64_t Loader::batches_per_epoch() const { return impl_->batches; }
+
+void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
+  Impl& s = *impl_;
+  if (epoch < 0) throw Error(ErrorKind::kInternal, "Loader::start_epoch: negative epoch");
+  if (first_batch < 0 || first_batch > s.batches) {
+    throw Error(ErrorKind::kInternal, "Loader::start_epoch: first_batch " +
+                                          std::to_string(first_batch) + " outside [0, " +
+                                          std::to_string(s.batches) + "]");
+  }
+  std::vector<int64_t> order =
+      epoch_order(num_examples(), s.options.seed, epoch, s.options.shuffle);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.abandon_locked();
+    s.started = true;
+    s.failed = false;
+    s.epoch = epoch;
+    s.order = std::move(order);
+    s.consumer_batch = first_batch;
+    s.next_pos = s.batch_begin(first_batch);
+    s.end_pos = s.batches == 0 ? 0 : s.batch_end(s.batches - 1);
+    s.next_pos = std::min(s.next_pos, s.end_pos);
+  }
+  s.work_cv.notify_all();
+}
+
+std::optional<Batch> Loader::next() {
+  Impl& s = *impl_;
+  Impl::Slot slot;
+  int64_t b = 0;
+  std::vector<int64_t> indices;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (!s.started) throw Error(ErrorKind::kInternal, "Loader::next() before start_epoch()");
+    if (s.failed || s.consumer_batch >= s.batches) return std::nullopt;
+    b = s.consumer_batch;
+    s.done_cv.wait(lock, [&] {
+      auto it = s.slots.find(b);
+      return it != s.slots.end() &&
+             it->second.done == static_cast<int64_t>(it->second.images.size());
+    });
+    auto it = s.slots.find(b);
+    slot = std::move(it->second);
+    s.slots.erase(it);
+    ++s.consumer_batch;
+    indices.assign(s.order.begin() + s.batch_begin(b), s.order.begin() + s.batch_end(b));
+    for (const auto& error : slot.errors) {
+      if (error) {
+        s.failed = true;
+        s.abandon_locked();
+        lock.unlock();
+        std::rethrow_exception(error);
+      }
+    }
+  }
+  s.work_cv.notify_all();  // the prefetch window moved on
+
+  Batch batch;
+  batch.index = b;
+  std::vector<torch::Tensor> images;
+  std::vector<int64_t> labels;
+  images.reserve(slot.images.size());
+  for (size_t k = 0; k < slot.images.size(); ++k) {
+    if (!slot.bad_paths[k].empty()) {
+      ++batch.skipped;
+      ++s.skipped_total;
+      if (s.skipped_paths.size() < kMaxSkippedPaths) s.skipped_paths.push_back(slot.bad_paths[k]);
+      if (s.skipped_total <= kMaxSkippedLogged) {
+        spdlog::warn(
+            "skipping corrupt image '{}' (data.on_corrupt: skip): {}{}", slot.bad_paths[k],
+            slot.bad_reasons[k],
+            s.skipped_total == kMaxSkippedLogged ? " (further ones are only counted)" : "");
+      }
+      continue;
+    }
+    images.push_back(std::move(slot.images[k]));
+    batch.indices.push_back(indices[k]);
+    labels.push_back(s.examples[static_cast<size_t>(indices[k])].label);
+  }
+  const int64_t size = s.options.preprocess.image_size;
+  batch.images =
+      images.empty() ? torch::empty({0, 3, size, size}, torch::kFloat32) : torch::stack(images);
+  batch.labels = torch::empty({static_cast<int64_t>(labels.size())}, torch::kInt64);
+  std::copy(labels.begin(), labels.end(), batch.labels.data_ptr<int64_t>());
+  return batch;
+}
+
+int64_t Loader::skipped_total() const { return impl_->skipped_total; }
+
+std::vector<std::string> Loader::skipped_paths() const { return impl_->skipped_paths; }
+
+}  // namespace trainer::data

@@ -1,0 +1,396 @@
+#include "trainer/data/source.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include "trainer/util/error.h"
+#include "trainer/util/fs.h"
+
+namespace trainer::data {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Classes above this many are refused (a corrupt label column, not a real data set).
+constexpr int64_t kMaxClasses = 100000;
+
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
+}
+
+bool is_hidden(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name[0] == '.';
+}
+
+std::string join(const std::vector<std::string>& items, size_t max_items = 20) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) {
+    if (i > 0) out += ", ";
+    out += items[i];
+  }
+  if (items.size() > max_items) out += ", ... (" + std::to_string(items.size()) + " in all)";
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0;
+  size_t e = s.size();
+  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
+  return s.substr(b, e - b);
+}
+
+// ---- imagefolder ------------------------------------------------------------------------------
+
+Listing list_imagefolder(const config::SourceSpec& source, const std::string& origin,
+                         const std::vector<std::string>& class_names) {
+  const fs::path root(source.path);
+  std::error_code ec;
+  if (!fs::exists(root, ec))
+    throw DataError(origin + ": directory '" + source.path + "' does not exist");
+  if (!fs::is_directory(root, ec)) {
+    throw DataError(origin + ": '" + source.path +
+                    "' is not a directory (imagefolder expects one sub-directory per class)");
+  }
+  std::vector<std::string> dirs;
+  try {
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (entry.is_directory() && !is_hidden(entry.path())) {
+        dirs.push_back(entry.path().filename().string());
+      }
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw DataError(origin + ": cannot list '" + source.path + "': " + e.what());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  if (dirs.empty()) {
+    throw DataError(origin + ": no class sub-directories in '" + source.path +
+                    "' (imagefolder expects DIR/<class>/<image>)");
+  }
+
+  Listing listing;
+  listing.origin = origin;
+  listing.class_names = class_names.empty() ? dirs : class_names;
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < listing.class_names.size(); ++i) {
+    index.emplace(listing.class_names[i], static_cast<int64_t>(i));
+  }
+  for (const std::string& name : dirs) {
+    if (!index.count(name)) {
+      throw DataError(origin + ": sub-directory '" + (root / name).string() +
+                      "' is not one of the class names [" + join(listing.class_names) + "]");
+    }
+  }
+  if (!class_names.empty()) {
+    for (const std::string& name : class_names) {
+      if (!std::binary_search(dirs.begin(), dirs.end(), name)) {
+        spdlog::warn("{}: no sub-directory for class '{}' in '{}'", origin, name, source.path);
+      }
+    }
+  }
+
+  for (const std::string& name : dirs) {
+    const fs::path class_dir = root / name;
+    std::vector<std::string> files;
+    try {
+      for (auto it = fs::recursive_directory_iterator(class_dir);
+           it != fs::recursive_directory_iterator(); ++it) {
+        if (is_hidden(it->path())) {
+          if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file() && is_image_file(it->path()))
+          files.push_back(it->path().string());
+      }
+    } catch (const fs::filesystem_error& e) {
+      throw DataError(origin + ": cannot list '" + class_dir.string() + "': " + e.what());
+    }
+    if (files.empty()) {
+      spdlog::warn("{}: class folder '{}' has no images (.jpg .jpeg .png .bmp)", origin,
+                   class_dir.string());
+      continue;
+    }
+    std::sort(files.begin(), files.end());
+    const int64_t label = index.at(name);
+    for (std::string& f : files) listing.examples.push_back(Example{std::move(f), label});
+  }
+  if (listing.examples.empty()) {
+    throw DataError(origin + ": no images (.jpg .jpeg .png .bmp) under '" + source.path + "'");
+  }
+  return listing;
+}
+
+// ---- csv --------------------------------------------------------------------------------------
+
+struct CsvRecord {
+  std::vector<std::string> fields;
+  int64_t line = 0;  // 1-based line the record starts on
+};
+
+// RFC 4180 with the usual leniencies: optional UTF-8 BOM, LF or CRLF, quoted fields with ""
+// escapes and embedded commas/newlines, spaces around unquoted fields trimmed, blank lines skipped.
+std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where) {
+  std::vector<CsvRecord> records;
+  size_t i = 0;
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) i = 3;
+  int64_t line = 1;
+  CsvRecord record;
+  record.line = 1;
+  std::string field;
+  bool quoted = false;     // the current field was quoted
+  bool in_quotes = false;  // inside the quotes now
+  int64_t quote_line = 0;
+  auto end_field = [&] {
+    record.fields.push_back(quoted ? field : trim(field));
+    field.clear();
+    quoted = false;
+  };
+  auto end_record = [&] {
+    end_field();
+    const bool blank = record.fields.size() == 1 && record.fields[0].empty();
+    if (!blank) records.push_back(std::move(record));
+    record = CsvRecord();
+    record.line = line;
+  };
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_quotes) {
+      if (c == '"') {
+        if (i + 1 < text.size() && text[i + 1] == '"') {
+          field += '"';
+          ++i;
+        } else {
+          in_quotes = false;
+        }
+      } else {
+        if (c == '\n') ++line;
+        field += c;
+      }
+      continue;
+    }
+    switch (c) {
+      case ',':
+        end_field();
+        break;
+      case '\r':
+        if (i + 1 < text.size() && text[i + 1] == '\n') ++i;
+        ++line;
+        end_record();
+        break;
+      case '\n':
+        ++line;
+        end_record();
+        break;
+      case '"':
+        if (!quoted && trim(field).empty()) {
+          field.clear();
+          quoted = true;
+          in_quotes = true;
+          quote_line = line;
+        } else if (quoted) {
+          // Text after a closing quote: only blanks are allowed before the separator.
+          throw DataError(where + " line " + std::to_string(line) +
+                          ": unexpected '\"' after a quoted field");
+        } else {
+          field += c;  // a quote inside an unquoted field is kept literally
+        }
+        break;
+      default:
+        if (quoted && c != ' ' && c != '\t') {
+          throw DataError(where + " line " + std::to_string(line) +
+                          ": unexpected text after a quoted field (quote the whole field)");
+        }
+        if (!quoted) field += c;
+        break;
+    }
+  }
+  if (in_quotes) {
+    throw DataError(where + ": unterminated quoted field starting on line " +
+                    std::to_string(quote_line));
+  }
+  if (!field.empty() || quoted || !record.fields.empty()) end_record();
+  return records;
+}
+
+bool is_integer(const std::string& s) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i >= s.size()) return false;
+  for (; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return true;
+}
+
+// True when `p` (lexically normal, absolute) lies strictly inside `root` (same).
+bool is_inside(const fs::path& root, const fs::path& p) {
+  auto r = root.begin();
+  auto q = p.begin();
+  for (; r != root.end(); ++r) {
+    if (r->empty()) continue;  // trailing separator
+    if (q == p.end() || *q != *r) return false;
+    ++q;
+  }
+  for (; q != p.end(); ++q) {
+    if (!q->empty()) return true;
+  }
+  return false;
+}
+
+Listing list_csv(const config::SourceSpec& source, const std::string& origin,
+                 const std::vector<std::string>& class_names) {
+  const fs::path manifest(source.path);
+  std::error_code ec;
+  if (!fs::exists(manifest, ec))
+    throw DataError(origin + ": manifest '" + source.path + "' does not exist");
+  if (fs::is_directory(manifest, ec)) {
+    throw DataError(origin + ": manifest '" + source.path +
+                    "' is a directory, expected a .csv file");
+  }
+  const std::string where = "manifest '" + source.path + "'";
+  std::string text;
+  try {
+    text = util::read_file(manifest);
+  } catch (const DataError& e) {
+    throw DataError(origin + ": " + e.what());
+  }
+  std::vector<CsvRecord> records = parse_csv(text, origin + ": " + where);
+  if (records.empty()) throw DataError(origin + ": " + where + " is empty (expected a header row)");
+
+  const std::vector<std::string>& header = records[0].fields;
+  auto column = [&](const std::string& name, const std::string& option) {
+    auto it = std::find(header.begin(), header.end(), name);
+    if (it == header.end()) {
+      throw DataError(origin + ": " + where + " has no column '" + name + "' (" + option +
+                      "); columns found: " + join(header, 50));
+    }
+    return static_cast<size_t>(it - header.begin());
+  };
+  const size_t image_col = column(source.image_column, "data.*.image_column");
+  const size_t label_col = column(source.label_column, "data.*.label_column");
+  if (records.size() == 1) {
+    throw DataError(origin + ": " + where + " has a header but no rows");
+  }
+
+  fs::path root = source.image_root.empty() ? manifest.parent_path() : fs::path(source.image_root);
+  if (root.empty()) root = ".";
+  if (!fs::is_directory(root, ec)) {
+    throw DataError(origin + ": image root '" + root.string() + "' is not a directory" +
+                    (source.image_root.empty() ? " (the manifest's directory)" : ""));
+  }
+  const fs::path root_abs = fs::absolute(root).lexically_normal();
+
+  Listing listing;
+  listing.origin = origin;
+  std::vector<std::string> labels;
+  listing.examples.reserve(records.size() - 1);
+  labels.reserve(records.size() - 1);
+  for (size_t r = 1; r < records.size(); ++r) {
+    const CsvRecord& rec = records[r];
+    const std::string at = origin + ": " + where + " row " + std::to_string(r) + " (line " +
+                           std::to_string(rec.line) + ")";
+    if (rec.fields.size() != header.size()) {
+      throw DataError(at + ": " + std::to_string(rec.fields.size()) + " fields, the header has " +
+                      std::to_string(header.size()) + " (hint: quote fields that contain commas)");
+    }
+    const std::string& image = rec.fields[image_col];
+    if (image.empty())
+      throw DataError(at + ": empty image path in column '" + source.image_column + "'");
+    const fs::path image_path(image);
+    const fs::path resolved = image_path.is_absolute() ? image_path.lexically_normal()
+                                                       : (root_abs / image_path).lexically_normal();
+    if (!is_inside(root_abs, resolved)) {
+      throw DataError(at + ": image path '" + image + "' is outside the image root '" +
+                      root_abs.string() + "'");
+    }
+    const fs::path out =
+        image_path.is_absolute() ? resolved : (root / image_path).lexically_normal();
+    listing.examples.push_back(Example{out.string(), 0});
+    labels.push_back(rec.fields[label_col]);
+    if (labels.back().empty()) {
+      throw DataError(at + ": empty label in column '" + source.label_column + "'");
+    }
+  }
+
+  const bool indices = std::all_of(labels.begin(), labels.end(), is_integer);
+  auto row_at = [&](size_t k) {
+    return origin + ": " + where + " row " + std::to_string(k + 1) + " (line " +
+           std::to_string(records[k + 1].line) + ")";
+  };
+  if (indices) {
+    const int64_t limit =
+        class_names.empty() ? kMaxClasses : static_cast<int64_t>(class_names.size());
+    int64_t max_label = -1;
+    for (size_t k = 0; k < labels.size(); ++k) {
+      int64_t v = -1;
+      try {
+        v = std::stoll(labels[k]);
+      } catch (const std::out_of_range&) {
+        v = -1;
+      }
+      if (v < 0 || v >= limit) {
+        throw DataError(row_at(k) + ": label " + labels[k] + " is out of range [0, " +
+                        std::to_string(limit) + ")" +
+                        (class_names.empty() ? "" : " of class_names [" + join(class_names) + "]"));
+      }
+      listing.examples[k].label = v;
+      max_label = std::max(max_label, v);
+    }
+    if (class_names.empty()) {
+      for (int64_t c = 0; c <= max_label; ++c) listing.class_names.push_back(std::to_string(c));
+    } else {
+      listing.class_names = class_names;
+    }
+  } else {
+    if (class_names.empty()) {
+      const std::set<std::string> unique(labels.begin(), labels.end());
+      listing.class_names.assign(unique.begin(), unique.end());
+    } else {
+      listing.class_names = class_names;
+    }
+    std::map<std::string, int64_t> index;
+    for (size_t c = 0; c < listing.class_names.size(); ++c) {
+      index.emplace(listing.class_names[c], static_cast<int64_t>(c));
+    }
+    for (size_t k = 0; k < labels.size(); ++k) {
+      auto it = index.find(labels[k]);
+      if (it == index.end()) {
+        throw DataError(row_at(k) + ": label '" + labels[k] + "' is not one of the class names [" +
+                        join(listing.class_names) + "]");
+      }
+      listing.examples[k].label = it->second;
+    }
+  }
+  return listing;
+}
+
+}  // namespace
+
+Listing list_source(const config::SourceSpec& source, const std::string& field,
+                    const std::vector<std::string>& class_names) {
+  const std::string origin = field + " (" + source.format + " '" + source.path + "')";
+  if (source.path.empty()) throw DataError(field + ".path: no source path given");
+  {
+    std::set<std::string> seen;
+    for (const std::string& name : class_names) {
+      if (!seen.insert(name).second) {
+        throw DataError(origin + ": class name '" + name + "' appears twice in class_names");
+      }
+    }
+  }
+  if (source.format == "imagefolder") return list_imagefolder(source, origin, class_names);
+  if (source.format == "csv") return list_csv(source, origin, class_names);
+  throw DataError(field + ".format: expected one of imagefolder|csv, got '" + source.format + "'");
+}
+
+}  // namespace trainer::data

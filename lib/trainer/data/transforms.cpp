@@ -1,0 +1,221 @@
+#include "trainer/data/transforms.h"
+
+#include <opencv2/core/utility.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <mutex>
+
+#include "trainer/util/error.h"
+
+namespace trainer::data::transforms {
+
+namespace {
+
+[[noreturn]] void internal(const std::string& what) { throw Error(ErrorKind::kInternal, what); }
+
+bool is_padding(unsigned char c) {
+  return c == 0x00 || c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+// Position of the last `FF <marker>` pair in bytes, or npos.
+size_t find_last_marker(const std::string& bytes, unsigned char marker) {
+  for (size_t i = bytes.size(); i >= 2; --i) {
+    if (static_cast<unsigned char>(bytes[i - 2]) == 0xFF &&
+        static_cast<unsigned char>(bytes[i - 1]) == marker) {
+      return i - 2;
+    }
+  }
+  return std::string::npos;
+}
+
+}  // namespace
+
+void init_opencv_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] { cv::setNumThreads(0); });
+}
+
+bool looks_like_jpeg(const std::string& bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+         static_cast<unsigned char>(bytes[1]) == 0xD8;
+}
+
+bool jpeg_is_truncated(const std::string& bytes) {
+  size_t end = bytes.size();
+  while (end > 0 && is_padding(static_cast<unsigned char>(bytes[end - 1]))) --end;
+  if (end >= 4 && static_cast<unsigned char>(bytes[end - 2]) == 0xFF &&
+      static_cast<unsigned char>(bytes[end - 1]) == 0xD9) {
+    return false;  // the common case: the stream ends with EOI
+  }
+  // Some writers append trailers after EOI. Inside entropy-coded data a 0xFF byte is always
+  // followed by 0x00 or a restart marker, so an EOI (FF D9) after the last start-of-scan
+  // (FF DA) can only be the real end of the image.
+  const size_t sos = find_last_marker(bytes, 0xDA);
+  if (sos == std::string::npos) return true;
+  const size_t eoi = find_last_marker(bytes, 0xD9);
+  return eoi == std::string::npos || eoi < sos;
+}
+
+cv::Mat decode_bgr(const std::string& bytes, const std::string& origin) {
+  const std::string where = "cannot decode image '" + origin + "': ";
+  if (bytes.empty()) throw DataError(where + "the file is empty");
+  if (bytes.size() > static_cast<size_t>(INT_MAX)) throw DataError(where + "the file is too large");
+  if (looks_like_jpeg(bytes) && jpeg_is_truncated(bytes)) {
+    throw DataError(where +
+                    "truncated JPEG (no end-of-image marker FF D9); hint: re-download or "
+                    "re-encode the file");
+  }
+  const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
+  cv::Mat image;
+  try {
+    image = cv::imdecode(buffer, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+  } catch (const cv::Exception& e) {
+    throw DataError(where + "OpenCV: " + e.what());
+  }
+  if (image.empty()) {
+    throw DataError(where + "not a decodable image (corrupt, truncated or an unsupported format)");
+  }
+  if (image.type() != CV_8UC3) internal(where + "OpenCV returned an image that is not 8-bit BGR");
+  return image;
+}
+
+Resize::Resize(int size_) : size(size_) {
+  if (size <= 0) internal("Resize: size must be >= 1, got " + std::to_string(size));
+}
+
+cv::Mat Resize::operator()(const cv::Mat& image) const {
+  if (image.empty()) internal("Resize: empty image");
+  cv::Mat out;
+  cv::resize(image, out, cv::Size(size, size), 0, 0, cv::INTER_LINEAR);
+  return out;
+}
+
+RandomResizedCrop::RandomResizedCrop(int size_, double scale_min_, double scale_max_,
+                                     double ratio_min_, double ratio_max_)
+    : size(size_),
+      scale_min(scale_min_),
+      scale_max(scale_max_),
+      ratio_min(ratio_min_),
+      ratio_max(ratio_max_) {
+  if (size <= 0) internal("RandomResizedCrop: size must be >= 1, got " + std::to_string(size));
+  if (!(scale_min > 0.0 && scale_min <= scale_max && scale_max <= 1.0)) {
+    internal("RandomResizedCrop: expected 0 < scale_min <= scale_max <= 1, got (" +
+             std::to_string(scale_min) + ", " + std::to_string(scale_max) + ")");
+  }
+  if (!(ratio_min > 0.0 && ratio_min <= ratio_max)) {
+    internal("RandomResizedCrop: expected 0 < ratio_min <= ratio_max");
+  }
+}
+
+CropBox RandomResizedCrop::params(int width, int height, Rng& rng) const {
+  const double area = static_cast<double>(width) * static_cast<double>(height);
+  const double log_ratio_min = std::log(ratio_min);
+  const double log_ratio_max = std::log(ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * uniform(rng, scale_min, scale_max);
+    const double aspect = std::exp(uniform(rng, log_ratio_min, log_ratio_max));
+    // Python's round(): half to even, as std::nearbyint in the default rounding mode.
+    const auto w = static_cast<int64_t>(std::nearbyint(std::sqrt(target_area * aspect)));
+    const auto h = static_cast<int64_t>(std::nearbyint(std::sqrt(target_area / aspect)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      CropBox box;
+      box.w = static_cast<int>(w);
+      box.h = static_cast<int>(h);
+      box.y = static_cast<int>(uniform_int(rng, 0, height - h + 1));
+      box.x = static_cast<int>(uniform_int(rng, 0, width - w + 1));
+      return box;
+    }
+  }
+  // Fallback: the central crop, clamped to the ratio range.
+  CropBox box;
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  if (in_ratio < ratio_min) {
+    box.w = width;
+    box.h = static_cast<int>(std::nearbyint(width / ratio_min));
+  } else if (in_ratio > ratio_max) {
+    box.h = height;
+    box.w = static_cast<int>(std::nearbyint(height * ratio_max));
+  } else {
+    box.w = width;
+    box.h = height;
+  }
+  box.w = std::clamp(box.w, 1, width);
+  box.h = std::clamp(box.h, 1, height);
+  box.y = (height - box.h) / 2;
+  box.x = (width - box.w) / 2;
+  return box;
+}
+
+cv::Mat RandomResizedCrop::operator()(const cv::Mat& image, Rng& rng) const {
+  if (image.empty()) internal("RandomResizedCrop: empty image");
+  const CropBox box = params(image.cols, image.rows, rng);
+  cv::Mat out;
+  cv::resize(image(cv::Rect(box.x, box.y, box.w, box.h)), out, cv::Size(size, size), 0, 0,
+             cv::INTER_LINEAR);
+  return out;
+}
+
+HorizontalFlip::HorizontalFlip(double p_) : p(p_) {
+  if (!(p >= 0.0 && p <= 1.0)) internal("HorizontalFlip: p must be in [0, 1]");
+}
+
+cv::Mat HorizontalFlip::operator()(const cv::Mat& image, Rng& rng) const {
+  if (image.empty()) internal("HorizontalFlip: empty image");
+  if (uniform01(rng) < p) {
+    cv::Mat out;
+    cv::flip(image, out, 1);
+    return out;
+  }
+  return image;
+}
+
+torch::Tensor to_tensor(const cv::Mat& bgr) {
+  if (bgr.empty() || bgr.type() != CV_8UC3) {
+    internal("to_tensor: expected a non-empty 8-bit 3-channel BGR image");
+  }
+  const int64_t rows = bgr.rows;
+  const int64_t cols = bgr.cols;
+  torch::Tensor out = torch::empty({3, rows, cols}, torch::kFloat32);
+  float* r = out.data_ptr<float>();
+  float* g = r + rows * cols;
+  float* b = g + rows * cols;
+  for (int64_t y = 0; y < rows; ++y) {
+    const unsigned char* px = bgr.ptr<unsigned char>(static_cast<int>(y));
+    const int64_t base = y * cols;
+    for (int64_t x = 0; x < cols; ++x) {
+      b[base + x] = static_cast<float>(px[3 * x + 0]);
+      g[base + x] = static_cast<float>(px[3 * x + 1]);
+      r[base + x] = static_cast<float>(px[3 * x + 2]);
+    }
+  }
+  return out;
+}
+
+void normalize_(torch::Tensor& chw, const std::string& mode) {
+  if (chw.dim() != 3 || chw.size(0) != 3 || chw.scalar_type() != torch::kFloat32 ||
+      !chw.is_contiguous()) {
+    internal("normalize_: expected a contiguous [3, H, W] float32 tensor");
+  }
+  static constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};
+  static constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
+  const bool imagenet = mode == "imagenet";
+  if (!imagenet && mode != "unit") {
+    throw ConfigError("data.normalize: expected one of unit|imagenet, got '" + mode + "'");
+  }
+  const int64_t plane = chw.size(1) * chw.size(2);
+  float* data = chw.data_ptr<float>();
+  for (int c = 0; c < 3; ++c) {
+    float* p = data + c * plane;
+    if (imagenet) {
+      for (int64_t k = 0; k < plane; ++k) p[k] = (p[k] / 255.0f - kMean[c]) / kStd[c];
+    } else {
+      for (int64_t k = 0; k < plane; ++k) p[k] = p[k] / 255.0f;
+    }
+  }
+}
+
+}  // namespace trainer::data::transforms

@@ -1,0 +1,74 @@
+// OpenCV-side image transforms (internal to data/: include only from image.cpp, synthetic.cpp
+// and tests, never from a public header). Small functors in torchvision's style: each validates
+// its input and takes its randomness from an explicit engine. to_tensor() is the one function
+// that turns a cv::Mat into a tensor (BGR->RGB, HWC->CHW, uint8->float32 in [0,255]).
+// Stateless apart from the engine passed in; thread-safe.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <opencv2/core.hpp>
+
+#include <string>
+
+#include "trainer/data/random.h"
+
+namespace trainer::data::transforms {
+
+// Disables OpenCV's own thread pool (once per process), so decode threads do not each spawn one.
+void init_opencv_threads();
+
+// True when `bytes` start with a JPEG SOI marker (FF D8).
+bool looks_like_jpeg(const std::string& bytes);
+// True when a JPEG stream does not end with the EOI marker (FF D9) once trailing zero/whitespace
+// padding is trimmed: libjpeg decodes such a truncated file partially without failing.
+bool jpeg_is_truncated(const std::string& bytes);
+
+// Decodes encoded bytes to an 8-bit BGR image (cv::IMREAD_COLOR, EXIF orientation ignored as
+// tf.image.decode_jpeg and PIL do). Throws DataError naming `origin` for empty, truncated or
+// undecodable data.
+cv::Mat decode_bgr(const std::string& bytes, const std::string& origin);
+
+// Resize to size x size, bilinear (cv::INTER_LINEAR, half-pixel centres as tf.image.resize).
+struct Resize {
+  explicit Resize(int size);
+  cv::Mat operator()(const cv::Mat& image) const;
+  int size;
+};
+
+// The crop window RandomResizedCrop picks: x/y = left/top column/row, w x h pixels.
+struct CropBox {
+  int x = 0;
+  int y = 0;
+  int w = 0;
+  int h = 0;
+};
+
+// torchvision's RandomResizedCrop: 10 attempts at a crop of area fraction in `scale` and aspect
+// ratio (log-uniform) in `ratio` that fits, else the central crop clamped to `ratio`; the crop
+// is then resized to size x size (bilinear).
+struct RandomResizedCrop {
+  RandomResizedCrop(int size, double scale_min = 0.08, double scale_max = 1.0,
+                    double ratio_min = 3.0 / 4.0, double ratio_max = 4.0 / 3.0);
+  CropBox params(int width, int height, Rng& rng) const;
+  cv::Mat operator()(const cv::Mat& image, Rng& rng) const;
+  int size;
+  double scale_min, scale_max, ratio_min, ratio_max;
+};
+
+// Flips left-right with probability p (one draw from the engine whatever p is).
+struct HorizontalFlip {
+  explicit HorizontalFlip(double p = 0.5);
+  cv::Mat operator()(const cv::Mat& image, Rng& rng) const;
+  double p;
+};
+
+// The one cv::Mat -> tensor conversion: 8-bit 3-channel BGR HxW -> [3, H, W] float32 RGB with
+// values in [0, 255], contiguous. Runs on the calling thread (no intra-op pool).
+torch::Tensor to_tensor(const cv::Mat& bgr);
+
+// In place on a [3, H, W] float32 tensor from to_tensor: "unit" = x / 255; "imagenet" =
+// (x / 255 - mean) / std with torchvision's mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225).
+void normalize_(torch::Tensor& chw, const std::string& mode);
+
+}  // namespace trainer::data::transforms
