@@ -1,2 +1,154 @@
-// trainer: the command-line entry point (placeholder while the modules are built).
-int main() { return 0; }
+// trainer: the command-line entry point. Parses argv with CLI11 into one options struct per
+// subcommand and calls its run_x(); the one place that maps error kinds to exit codes.
+// `train` is the default subcommand, so `trainer --config F --epochs 5 --job-dir D` works as in
+// the TensorFlow multi-worker tutorial.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <iostream>
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "trainer/config/job_spec.h"
+#include "trainer/train/commands.h"
+#include "trainer/util/error.h"
+#include "trainer/util/log.h"
+
+namespace {
+
+using namespace trainer;
+
+const std::set<std::string> kSubcommands = {"train", "make-dataset", "predict", "evaluate",
+                                            "inspect"};
+
+void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
+  cmd->add_option("--set", *overrides,
+                  "Override a job-spec field, e.g. --set data.image_size=128 (repeatable)")
+      ->type_name("KEY.PATH=VALUE")
+      ->expected(1)
+      ->take_all();
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"trainer: synchronous data-parallel training of image classifiers (ResNet)\n"
+               "The same binary runs on every node; TF_CONFIG tells each process its role.",
+               "trainer"};
+  app.set_version_flag("--version", std::string("trainer ") + TRAINER_VERSION);
+  app.require_subcommand(1);
+  app.footer("Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n"
+             "Exit codes: 0 ok, 2 usage/config/cluster spec, 3 data, 4 distributed, 143 SIGTERM.");
+
+  train::TrainOptions train_opts;
+  auto* train_cmd = app.add_subcommand("train", "Train a model (the default subcommand)");
+  train_cmd->add_option("--config", train_opts.config, "YAML job spec")->check(CLI::ExistingFile);
+  train_cmd->add_option("--job-dir", train_opts.job_dir, "Job directory (outputs, checkpoints)")
+      ->required();
+  train_cmd->add_option("--epochs", train_opts.epochs, "Override train.epochs")
+      ->check(CLI::PositiveNumber);
+  add_set_option(train_cmd, &train_opts.overrides);
+  train_cmd->add_flag("--overwrite", train_opts.overwrite,
+                      "Discard a different job's outputs in --job-dir instead of refusing");
+  train_cmd->footer("Job-spec fields (defaults):\n" + config::field_reference());
+
+  train::MakeDatasetOptions make_opts;
+  std::string splits = "train,validation";
+  auto* make_cmd = app.add_subcommand(
+      "make-dataset", "Write a synthetic, learnable Cassava-like JPEG dataset (ImageFolder)");
+  make_cmd->add_option("--out", make_opts.out_dir, "Output directory")->required();
+  make_cmd->add_option("--classes", make_opts.classes, "Number of classes")->capture_default_str();
+  make_cmd->add_option("--per-class", make_opts.per_class,
+                       "Images per class in the first split (later splits: a quarter)")
+      ->capture_default_str();
+  make_cmd->add_option("--image-size", make_opts.image_size, "Image side in pixels")
+      ->capture_default_str();
+  make_cmd->add_option("--seed", make_opts.seed, "Random seed")->capture_default_str();
+  make_cmd->add_option("--splits", splits, "Comma-separated split names")->capture_default_str();
+
+  train::PredictOptions predict_opts;
+  auto* predict_cmd =
+      app.add_subcommand("predict", "Classify images with an exported model (JSON per line)");
+  predict_cmd->add_option("--model", predict_opts.model_dir, "MODEL_DIR (JOB_DIR/model)")
+      ->required();
+  predict_cmd->add_option("--threads", predict_opts.threads, "Intra-op threads (0 = all cores)");
+  predict_cmd->add_option("images", predict_opts.images, "Image files")->required();
+
+  train::EvaluateOptions eval_opts;
+  auto* eval_cmd = app.add_subcommand(
+      "evaluate", "Evaluate an exported model on a source of the config's data (JSON)");
+  eval_cmd->add_option("--model", eval_opts.model_dir, "MODEL_DIR (JOB_DIR/model)")->required();
+  eval_cmd->add_option("--config", eval_opts.config, "YAML job spec")
+      ->required()
+      ->check(CLI::ExistingFile);
+  eval_cmd->add_option("--split", eval_opts.split, "validation | train")
+      ->check(CLI::IsMember({"validation", "train"}))
+      ->capture_default_str();
+  add_set_option(eval_cmd, &eval_opts.overrides);
+
+  train::InspectOptions inspect_opts;
+  auto* inspect_cmd = app.add_subcommand(
+      "inspect", "Dry run: print the resolved job, this process's role and the data plan (JSON)");
+  inspect_cmd->add_option("--config", inspect_opts.config, "YAML job spec")
+      ->check(CLI::ExistingFile);
+  inspect_cmd->add_option("--job-dir", inspect_opts.job_dir, "Job directory (reported only)");
+  inspect_cmd->add_option("--epochs", inspect_opts.epochs, "Override train.epochs")
+      ->check(CLI::PositiveNumber);
+  add_set_option(inspect_cmd, &inspect_opts.overrides);
+
+  // `train` is the default subcommand.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && !kSubcommands.count(args[0]) && args[0] != "--help" && args[0] != "-h" &&
+      args[0] != "--version") {
+    args.insert(args.begin(), "train");
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return exit_code(ErrorKind::kUsage);
+  }
+
+  util::setup_logging("info");
+  if (*train_cmd) return train::run_train(train_opts);
+  if (*make_cmd) {
+    make_opts.splits.clear();
+    for (size_t start = 0; start <= splits.size();) {
+      const size_t comma = std::min(splits.find(',', start), splits.size());
+      make_opts.splits.push_back(splits.substr(start, comma - start));
+      start = comma + 1;
+    }
+    return train::run_make_dataset(make_opts, std::cout);
+  }
+  if (*predict_cmd) return train::run_predict(predict_opts, std::cout);
+  if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
+  if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
+  return exit_code(ErrorKind::kUsage);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const trainer::Error& e) {
+    spdlog::error("{}", e.what());
+    return trainer::exit_code(e.kind());
+  } catch (const c10::Error& e) {
+    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
+    return trainer::exit_code(trainer::ErrorKind::kInternal);
+  } catch (const std::exception& e) {
+    spdlog::error("internal error: {}", e.what());
+    return trainer::exit_code(trainer::ErrorKind::kInternal);
+  }
+}

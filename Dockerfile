@@ -1,0 +1,18 @@
+# Multi-stage image: the build stage uses the same scripts as the README; the runtime stage has
+# only the runtime libraries and the binary.
+#   docker build -t trainer .
+#   docker run -v $PWD/jobs:/jobs -v $PWD/data:/data trainer --config /opt/trainer/configs/quickstart.yaml --epochs 5 --job-dir /jobs/x
+FROM debian:bookworm-slim AS build
+WORKDIR /src
+COPY scripts/install-deps.sh scripts/install-deps.sh
+RUN bash scripts/install-deps.sh
+COPY . .
+RUN bash scripts/build.sh -DTRAINER_BUILD_TESTS=OFF
+
+FROM debian:bookworm-slim
+COPY scripts/install-deps.sh /tmp/install-deps.sh
+RUN TRAINER_RUNTIME_ONLY=1 bash /tmp/install-deps.sh && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh
+COPY --from=build /src/build/app/trainer /usr/local/bin/trainer
+COPY configs /opt/trainer/configs
+WORKDIR /work
+ENTRYPOINT ["trainer"]

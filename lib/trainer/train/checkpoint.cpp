@@ -1,0 +1,188 @@
+#include "trainer/train/checkpoint.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "trainer/model/safetensors.h"
+#include "trainer/util/error.h"
+#include "trainer/util/fs.h"
+
+namespace trainer::train {
+
+namespace {
+
+constexpr const char* kPrefix = "ckpt-";
+// The files every checkpoint holds besides state.json (restore_checkpoint reads each).
+constexpr const char* kFiles[] = {"model.safetensors", "optimizer.pt", "rng.safetensors"};
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s%09lld", kPrefix, static_cast<long long>(step));
+  return buf;
+}
+
+std::string optimizer_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+std::string rng_bytes() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return model::encode_safetensors({{"cpu_generator", gen.get_state()}});
+}
+
+// Every checkpoint dir name with its step, newest first (temp dirs excluded).
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPrefix, 0) != 0 || name.find(".tmp") != std::string::npos) continue;
+    const std::string digits = name.substr(std::string(kPrefix).size());
+    // At most 18 digits, so std::stoll cannot overflow (and throw) on a stray name.
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(),
+                     [](unsigned char c) { return std::isdigit(c) != 0; })) {
+      continue;
+    }
+    out.emplace_back(std::stoll(digits), entry.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// Parses and verifies one checkpoint; throws DataError describing the damage.
+CheckpointInfo verify(const fs::path& dir) {
+  const fs::path state_path = dir / "state.json";
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(util::read_file(state_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("'" + state_path.string() + "': not valid JSON (" + e.what() + ")");
+  }
+  if (state.value("format_version", 0) != kCheckpointFormatVersion) {
+    throw DataError("'" + state_path.string() + "': format_version " +
+                    state.value("format_version", nlohmann::json()).dump() + ", expected " +
+                    std::to_string(kCheckpointFormatVersion));
+  }
+  const nlohmann::json& files = state.at("files");
+  for (const char* required : kFiles) {
+    if (!files.contains(required)) {
+      throw DataError("'" + state_path.string() + "': lists no '" + required + "'");
+    }
+  }
+  for (const auto& [name, meta] : files.items()) {
+    const std::string bytes = util::read_file(dir / name);
+    if (bytes.size() != meta.at("size").get<size_t>() ||
+        util::crc32(bytes.data(), bytes.size()) != meta.at("crc32").get<uint32_t>()) {
+      throw DataError("'" + (dir / name).string() + "': size or checksum differs from state.json");
+    }
+  }
+  CheckpointInfo info;
+  info.dir = dir;
+  info.position.epoch = state.at("epoch").get<int64_t>();
+  info.position.batch_in_epoch = state.at("batch_in_epoch").get<int64_t>();
+  info.position.global_step = state.at("global_step").get<int64_t>();
+  info.fingerprint = state.at("fingerprint").get<std::string>();
+  return info;
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
+                         const std::string& fingerprint, const torch::nn::Module& model,
+                         const torch::optim::Optimizer& optimizer, int keep) {
+  const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
+  const fs::path tmp_dir = fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"model.safetensors", model::encode_safetensors(model::state_dict(model))},
+      {"optimizer.pt", optimizer_bytes(optimizer)},
+      {"rng.safetensors", rng_bytes()},
+  };
+  nlohmann::json state = {{"format_version", kCheckpointFormatVersion},
+                          {"epoch", position.epoch},
+                          {"batch_in_epoch", position.batch_in_epoch},
+                          {"global_step", position.global_step},
+                          {"fingerprint", fingerprint},
+                          {"files", nlohmann::json::object()}};
+  for (const auto& [name, bytes] : files) {
+    util::write_file_atomic(tmp_dir / name, bytes);
+    state["files"][name] = {{"size", bytes.size()},
+                            {"crc32", util::crc32(bytes.data(), bytes.size())}};
+  }
+  util::write_file_atomic(tmp_dir / "state.json", state.dump(2) + "\n");
+
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);  // a same-step checkpoint from an interrupted earlier run
+  fs::rename(tmp_dir, final_dir);
+  util::fsync_dir(checkpoints_dir);
+
+  // Checkpoints newer than this one belong to a history this run has left (it resumed from an
+  // older checkpoint because those were damaged): remove them, or they would count against
+  // `keep` and push this one out. Then keep the newest `keep`.
+  size_t kept = 0;
+  for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
+    if (step > position.global_step || ++kept > static_cast<size_t>(std::max(keep, 1))) {
+      fs::remove_all(dir, ec);
+    }
+  }
+  return final_dir;
+}
+
+std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir) {
+  for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
+    try {
+      return verify(dir);
+    } catch (const std::exception& e) {
+      spdlog::warn("skipping damaged checkpoint {}: {}", dir.string(), e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& model,
+                        torch::optim::Optimizer& optimizer) {
+  const fs::path model_path = checkpoint.dir / "model.safetensors";
+  model::load_state_dict(model, model::load_safetensors(model_path.string()), model_path.string());
+
+  const fs::path opt_path = checkpoint.dir / "optimizer.pt";
+  try {
+    std::istringstream in(util::read_file(opt_path));
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw DataError("'" + opt_path.string() +
+                    "': cannot restore optimizer state: " + e.what_without_backtrace());
+  }
+
+  const fs::path rng_path = checkpoint.dir / "rng.safetensors";
+  for (const auto& [name, tensor] : model::load_safetensors(rng_path.string())) {
+    if (name != "cpu_generator") continue;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(tensor);
+    } catch (const c10::Error& e) {
+      throw DataError("'" + rng_path.string() +
+                      "': cannot restore the CPU generator: " + e.what_without_backtrace());
+    }
+  }
+}
+
+}  // namespace trainer::train

@@ -1,0 +1,48 @@
+// Checkpoints: everything needed to go on, in JOB_DIR/checkpoints/ckpt-<step>/ :
+//   model.safetensors (torchvision keys), optimizer.pt (LibTorch archive), rng.safetensors
+//   (the CPU generator), state.json (format version, epoch/batch position, global step, the
+//   job fingerprint, and the size + CRC-32 of every other file).
+// A checkpoint is written under a temp name, each file fsynced, then the directory renamed, so a
+// reader never sees a half-written one; on load every file is checked against state.json and
+// a damaged checkpoint is skipped (logged) in favour of the next older one. Not thread-safe.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace trainer::train {
+
+namespace fs = std::filesystem;
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct TrainPosition {
+  int64_t epoch = 0;           // the epoch to run next (0-based)
+  int64_t batch_in_epoch = 0;  // the first batch of `epoch` not yet trained
+  int64_t global_step = 0;     // optimizer steps taken so far
+};
+
+struct CheckpointInfo {
+  fs::path dir;
+  TrainPosition position;
+  std::string fingerprint;
+};
+
+// Writes a checkpoint for `position`, then removes every checkpoint of a later step (a history
+// this run left by resuming from an older one) and all but the newest `keep`.
+fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
+                         const std::string& fingerprint, const torch::nn::Module& model,
+                         const torch::optim::Optimizer& optimizer, int keep);
+
+// The newest complete, undamaged checkpoint, or nullopt. Damaged ones are logged and skipped.
+std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir);
+
+// Loads model, optimizer and RNG state from `checkpoint`. Throws DataError on damage.
+void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& model,
+                        torch::optim::Optimizer& optimizer);
+
+}  // namespace trainer::train

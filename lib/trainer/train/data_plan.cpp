@@ -1,0 +1,83 @@
+#include "trainer/train/data_plan.h"
+
+#include "trainer/data/source.h"
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+data::Listing list_split(const config::DataSpec& spec, const std::string& split,
+                         const std::vector<std::string>& class_names) {
+  if (split != "train" && split != "validation") {
+    throw UsageError("--split: expected train|validation, got '" + split + "'");
+  }
+  const config::SourceSpec& source = split == "train" ? spec.train : spec.validation;
+  if (!source.enabled()) {
+    throw ConfigError("data." + split + ".path: not set in the job spec, so there is no '" +
+                      split + "' data to read");
+  }
+  return data::list_source(source, "data." + split, class_names);
+}
+
+DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
+  DataPlan plan;
+  plan.train = list_split(spec.data, "train", spec.data.class_names);
+  plan.class_names = plan.train.class_names;
+  plan.num_classes = static_cast<int64_t>(plan.class_names.size());
+  if (spec.model.num_classes != 0 && spec.model.num_classes != plan.num_classes) {
+    throw ConfigError("model.num_classes: " + std::to_string(spec.model.num_classes) +
+                      ", but " + plan.train.origin + " has " + std::to_string(plan.num_classes) +
+                      " classes (use `auto`)");
+  }
+  if (spec.data.validation.enabled()) {
+    plan.validation = list_split(spec.data, "validation", plan.class_names);
+  }
+  const int64_t batch = spec.train.per_replica_batch_size;
+  plan.global_batch_size = batch * cluster.world_size;
+  plan.steps_per_epoch = static_cast<int64_t>(plan.train.examples.size()) / batch;
+  if (plan.steps_per_epoch == 0) {
+    throw ConfigError("train.per_replica_batch_size: " + std::to_string(batch) + " is more than the " +
+                      std::to_string(plan.train.examples.size()) + " examples of " +
+                      plan.train.origin + " (every step needs a full batch)");
+  }
+  return plan;
+}
+
+data::LoaderOptions train_loader_options(const config::DataSpec& data,
+                                         const config::TrainSpec& train) {
+  data::LoaderOptions o;
+  o.preprocess.image_size = data.image_size;
+  o.preprocess.normalize = data.normalize;
+  o.preprocess.train = true;
+  o.preprocess.horizontal_flip = data.augment.horizontal_flip;
+  o.preprocess.random_resized_crop = data.augment.random_resized_crop;
+  o.preprocess.crop_scale_min = data.augment.crop_scale_min;
+  o.batch_size = train.per_replica_batch_size;
+  o.shuffle = data.shuffle;
+  o.drop_last = true;
+  o.seed = static_cast<uint64_t>(data.seed);
+  o.num_workers = data.num_workers;
+  o.prefetch_batches = data.prefetch_batches;
+  o.skip_corrupt = data.on_corrupt == "skip";
+  return o;
+}
+
+data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size) {
+  data::LoaderOptions o = train_loader_options(data, config::TrainSpec{});
+  o.preprocess.train = false;
+  o.batch_size = batch_size;
+  o.shuffle = false;
+  o.drop_last = false;
+  return o;
+}
+
+nlohmann::json to_json(const DataPlan& plan) {
+  nlohmann::json j = {{"num_examples", plan.train.examples.size()},
+                      {"num_classes", plan.num_classes},
+                      {"class_names", plan.class_names},
+                      {"global_batch_size", plan.global_batch_size},
+                      {"steps_per_epoch", plan.steps_per_epoch}};
+  j["validation_examples"] = plan.validation ? plan.validation->examples.size() : 0;
+  return j;
+}
+
+}  // namespace trainer::train

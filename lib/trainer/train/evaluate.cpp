@@ -1,0 +1,94 @@
+#include "trainer/train/evaluate.h"
+
+#include <string>
+
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+double EvalCounts::loss() const {
+  return num_examples > 0 ? loss_sum / static_cast<double>(num_examples) : 0.0;
+}
+
+double EvalCounts::accuracy() const {
+  int64_t correct = 0;
+  for (size_t c = 0; c < confusion.size(); ++c) correct += confusion[c][c];
+  return num_examples > 0 ? static_cast<double>(correct) / static_cast<double>(num_examples) : 0.0;
+}
+
+std::vector<double> EvalCounts::per_class_accuracy() const {
+  std::vector<double> out;
+  for (size_t c = 0; c < confusion.size(); ++c) {
+    int64_t total = 0;
+    for (int64_t n : confusion[c]) total += n;
+    out.push_back(total > 0 ? static_cast<double>(confusion[c][c]) / static_cast<double>(total)
+                            : 0.0);
+  }
+  return out;
+}
+
+nlohmann::json EvalCounts::to_json(const std::vector<std::string>& class_names) const {
+  nlohmann::json per_class = nlohmann::json::object();
+  const auto acc = per_class_accuracy();
+  for (size_t c = 0; c < acc.size(); ++c) {
+    per_class[c < class_names.size() ? class_names[c] : std::to_string(c)] = acc[c];
+  }
+  return {{"accuracy", accuracy()},
+          {"loss", loss()},
+          {"num_examples", num_examples},
+          {"per_class", per_class},
+          {"confusion_matrix", confusion},
+          {"class_names", class_names},
+          {"skipped", skipped}};
+}
+
+EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
+                    const ModelSettings& settings) {
+  // Restores the train/eval mode on every way out (a DataError from the loader included).
+  struct ModeRestore {
+    model::ResNet& net;
+    bool was_training;
+    ~ModeRestore() {
+      if (was_training) net->train();
+    }
+  } restore{net, net->is_training()};
+  net->eval();
+  torch::NoGradGuard no_grad;
+
+  EvalCounts counts;
+  counts.confusion.assign(static_cast<size_t>(num_classes),
+                          std::vector<int64_t>(static_cast<size_t>(num_classes), 0));
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    counts.skipped += batch->skipped;
+    if (batch->images.size(0) == 0) continue;
+    // Labels index the confusion matrix: check them before use.
+    const torch::Tensor truth = batch->labels.to(torch::kCPU, torch::kLong).contiguous();
+    const auto* t = truth.data_ptr<int64_t>();
+    for (int64_t i = 0; i < truth.size(0); ++i) {
+      if (t[i] < 0 || t[i] >= num_classes) {
+        throw DataError("evaluate: example " +
+                        std::to_string(batch->indices.at(static_cast<size_t>(i))) + " has label " +
+                        std::to_string(t[i]) + ", expected 0.." + std::to_string(num_classes - 1));
+      }
+    }
+    const torch::Tensor logits =
+        forward_logits(net, prepare_input(batch->images, settings), settings);
+    if (logits.dim() != 2 || logits.size(1) != num_classes) {
+      throw Error(ErrorKind::kInternal,
+                  "evaluate: the model gives " + std::to_string(logits.size(-1)) +
+                      " logits per example, expected " + std::to_string(num_classes) + " classes");
+    }
+    const torch::Tensor losses = torch::nn::functional::cross_entropy(
+        logits, truth.to(logits.device()),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    counts.loss_sum += losses.sum().item<double>();
+    const torch::Tensor predicted = logits.argmax(1).to(torch::kCPU).contiguous();
+    const auto* p = predicted.data_ptr<int64_t>();
+    for (int64_t i = 0; i < truth.size(0); ++i) ++counts.confusion[t[i]][p[i]];
+    counts.num_examples += truth.size(0);
+  }
+  return counts;
+}
+
+}  // namespace trainer::train

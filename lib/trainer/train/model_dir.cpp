@@ -1,0 +1,91 @@
+#include "trainer/train/model_dir.h"
+
+#include "trainer/model/safetensors.h"
+#include "trainer/util/error.h"
+#include "trainer/util/fs.h"
+
+namespace trainer::train {
+
+namespace fs = std::filesystem;
+
+nlohmann::json ModelInfo::to_json() const {
+  return {{"format_version", kModelFormatVersion},
+          {"arch", arch},
+          {"num_classes", num_classes},
+          {"head_hidden", head_hidden},
+          {"class_names", class_names},
+          {"image_size", image_size},
+          {"normalize", normalize},
+          {"precision", precision},
+          {"channels_last", channels_last},
+          {"global_step", global_step},
+          {"epochs", epochs},
+          {"trainer_version", TRAINER_VERSION},
+          {"weights", "model.safetensors"}};
+}
+
+void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo& info) {
+  fs::create_directories(dir);
+  model::save_safetensors((dir / "model.safetensors").string(), model::state_dict(*net),
+                          {{"format", "pt"}, {"arch", info.arch}});
+  util::write_file_atomic(dir / "model.json", info.to_json().dump(2) + "\n");
+}
+
+LoadedModel load_model_dir(const fs::path& dir) {
+  const fs::path json_path = dir / "model.json";
+  if (!fs::is_regular_file(json_path)) {
+    throw UsageError("--model '" + dir.string() +
+                     "': not a model directory (no model.json); expected JOB_DIR/model as "
+                     "written by `trainer train`");
+  }
+  LoadedModel out;
+  try {
+    const auto j = nlohmann::json::parse(util::read_file(json_path));
+    if (j.at("format_version").get<int>() != kModelFormatVersion) {
+      throw DataError("'" + json_path.string() + "': format_version " +
+                      j.at("format_version").dump() + ", expected " +
+                      std::to_string(kModelFormatVersion));
+    }
+    ModelInfo& i = out.info;
+    i.arch = j.at("arch").get<std::string>();
+    i.num_classes = j.at("num_classes").get<int64_t>();
+    i.head_hidden = j.at("head_hidden").get<int64_t>();
+    i.class_names = j.at("class_names").get<std::vector<std::string>>();
+    i.image_size = j.at("image_size").get<int>();
+    i.normalize = j.at("normalize").get<std::string>();
+    i.precision = j.value("precision", "fp32");
+    i.channels_last = j.value("channels_last", false);
+    i.global_step = j.value("global_step", int64_t{0});
+    i.epochs = j.value("epochs", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("'" + json_path.string() + "': " + e.what());
+  }
+  // Values predict/evaluate pass on as settings: a bad one is this file's fault, not the
+  // user's job spec, so say so here.
+  const auto bad_field = [&json_path](const std::string& field, const std::string& value) {
+    return DataError("'" + json_path.string() + "': " + field + ": unexpected value '" + value +
+                     "'");
+  };
+  if (out.info.image_size < 1) throw bad_field("image_size", std::to_string(out.info.image_size));
+  if (out.info.normalize != "unit" && out.info.normalize != "imagenet") {
+    throw bad_field("normalize", out.info.normalize);
+  }
+  if (out.info.precision != "fp32" && out.info.precision != "bf16") {
+    throw bad_field("precision", out.info.precision);
+  }
+  if (static_cast<int64_t>(out.info.class_names.size()) != out.info.num_classes) {
+    throw DataError("'" + json_path.string() + "': " + std::to_string(out.info.class_names.size()) +
+                    " class_names for num_classes " + std::to_string(out.info.num_classes));
+  }
+  try {
+    out.net = model::make_resnet({out.info.arch, out.info.num_classes, out.info.head_hidden});
+  } catch (const Error& e) {
+    throw DataError("'" + json_path.string() + "': " + e.what());
+  }
+  const fs::path weights = dir / "model.safetensors";
+  model::load_state_dict(*out.net, model::load_safetensors(weights.string()), weights.string());
+  out.net->eval();
+  return out;
+}
+
+}  // namespace trainer::train

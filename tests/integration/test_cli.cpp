@@ -1,0 +1,143 @@
+// The command line as a user meets it: every subcommand's --help, --version, and every exit
+// code produced by a real bad input (2 usage/config/cluster, 3 data, 143 SIGTERM).
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <thread>
+
+#include "fixtures.h"
+#include "harness.h"
+
+using namespace trainer::testing;
+using Catch::Matchers::Contains;
+
+TEST_CASE("every subcommand has --help", "[cli]") {
+  TempDir dir("help");
+  const Result top = run_trainer(dir.path(), "--help");
+  REQUIRE(top.code == 0);
+  for (const char* sub : {"train", "make-dataset", "predict", "evaluate", "inspect"}) {
+    CHECK_THAT(top.out, Contains(sub));
+    const Result r = run_trainer(dir.path(), std::string(sub) + " --help");
+    INFO(sub << ": " << r.err);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("--"));
+  }
+  const Result train_help = run_trainer(dir.path(), "train --help");
+  CHECK_THAT(train_help.out, Contains("--job-dir"));
+  CHECK_THAT(train_help.out, Contains("train.optimizer.learning_rate"));  // the field reference
+  const Result version = run_trainer(dir.path(), "--version");
+  CHECK(version.code == 0);
+  CHECK_THAT(version.out, Contains("trainer "));
+}
+
+TEST_CASE("usage errors exit 2", "[cli]") {
+  TempDir dir("usage");
+  CHECK(run_trainer(dir.path(), "").code == 2);                        // no subcommand
+  CHECK(run_trainer(dir.path(), "train --bogus-flag --job-dir j").code == 2);
+  const Result no_job_dir = run_trainer(dir.path(), "train");
+  CHECK(no_job_dir.code == 2);
+  CHECK_THAT(no_job_dir.err + no_job_dir.out, Contains("--job-dir"));
+  const Result missing_config = run_trainer(dir.path(), "--config nope.yaml --job-dir j");
+  CHECK(missing_config.code == 2);
+  CHECK_THAT(missing_config.err + missing_config.out, Contains("nope.yaml"));
+  CHECK(run_trainer(dir.path(), "predict --model m").code == 2);  // no IMAGE
+  const Result not_model = run_trainer(dir.path(), "predict --model nowhere x.jpg");
+  CHECK(not_model.code == 2);
+  CHECK_THAT(not_model.err, Contains("model.json"));
+}
+
+TEST_CASE("config errors exit 2 and name the field", "[cli]") {
+  TempDir dir("config");
+  write_text(dir / "typo.yaml", "train:\n  optimzer:\n    name: sgd\n");
+  const Result typo = run_trainer(dir.path(), "--config typo.yaml --job-dir j");
+  CHECK(typo.code == 2);
+  CHECK_THAT(typo.err, Contains("train.optimzer"));
+  CHECK_THAT(typo.err, Contains("typo.yaml"));
+
+  write_text(dir / "ok.yaml", tiny_job_yaml());
+  const Result bad_set =
+      run_trainer(dir.path(), "--config ok.yaml --job-dir j --set data.normalize=none");
+  CHECK(bad_set.code == 2);
+  CHECK_THAT(bad_set.err, Contains("data.normalize"));
+  CHECK_FALSE(fs::exists(dir / "j" / "job.yaml"));  // nothing written for a bad spec
+
+  const Result cluster = run_trainer(
+      dir.path(), "inspect --config ok.yaml",
+      {R"(TF_CONFIG={"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}})"});
+  CHECK(cluster.code == 2);
+  CHECK_THAT(cluster.err, Contains("TF_CONFIG"));
+  const Result bad_json = run_trainer(dir.path(), "inspect --config ok.yaml", {"TF_CONFIG={oops"});
+  CHECK(bad_json.code == 2);
+  CHECK_THAT(bad_json.err, Contains("TF_CONFIG"));
+}
+
+TEST_CASE("data errors exit 3 and name the file", "[cli]") {
+  TempDir dir("data");
+  write_text(dir / "job.yaml", tiny_job_yaml());
+  const Result missing = run_trainer(dir.path(), "--config job.yaml --job-dir j");
+  CHECK(missing.code == 3);
+  CHECK_THAT(missing.err, Contains("data/train"));
+
+  make_dataset(dir.path(), "data", 4, 32);
+  // A truncated JPEG under on_corrupt: fail.
+  fs::path victim;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "data" / "train")) {
+    if (e.path().extension() == ".jpg") { victim = e.path(); break; }
+  }
+  REQUIRE(!victim.empty());
+  fs::resize_file(victim, fs::file_size(victim) / 2);
+  const Result corrupt = run_trainer(dir.path(), "--config job.yaml --job-dir j --epochs 1");
+  CHECK(corrupt.code == 3);
+  CHECK_THAT(corrupt.err, Contains(victim.filename().string()));
+  // Under skip it trains and says what it skipped.
+  const Result skipped = run_trainer(
+      dir.path(), "--config job.yaml --job-dir j2 --epochs 1 --set data.on_corrupt=skip");
+  INFO(skipped.err);
+  CHECK(skipped.code == 0);
+  CHECK_THAT(skipped.err, Contains(victim.filename().string()));
+}
+
+TEST_CASE("inspect prints the job, the role and the data plan", "[cli]") {
+  TempDir dir("inspect");
+  write_text(dir / "job.yaml", tiny_job_yaml());
+  make_dataset(dir.path(), "data", 8, 32);
+  const Result r = run_trainer(dir.path(), "inspect --config job.yaml --set train.epochs=9");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["job"]["train"]["epochs"] == 9);
+  CHECK(j["cluster"]["is_chief"] == true);
+  CHECK(j["cluster"]["world_size"] == 1);
+  CHECK(j["data"]["num_examples"] == 40);
+  CHECK(j["data"]["num_classes"] == 5);
+  CHECK(j["data"]["class_names"][0] == "cbb");
+  CHECK(j["data"]["global_batch_size"] == 10);
+  CHECK(j["data"]["steps_per_epoch"] == 4);
+  CHECK_FALSE(fs::exists(dir / "j"));  // a dry run writes nothing
+}
+
+TEST_CASE("SIGTERM stops training with 143 after writing a checkpoint", "[cli][signal]") {
+  TempDir dir("sigterm");
+  write_text(dir / "job.yaml", tiny_job_yaml(50));
+  make_dataset(dir.path(), "data", 8, 32);
+  const fs::path job = dir / "j";
+  std::thread killer([&] {
+    // Wait for the first metrics record, then ask the trainer to stop.
+    for (int i = 0; i < 600 && !fs::exists(job / "metrics.jsonl"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    // Only the trainer process itself (its command line starts with the binary), not the shell.
+    std::system(("pkill -TERM -f " + quote("^" + std::string(TRAINER_BIN) + " .*" + job.string()))
+                    .c_str());
+  });
+  const Result r = run_trainer(dir.path(), "--config job.yaml --job-dir " + job.string());
+  killer.join();
+  INFO(r.err);
+  CHECK(r.code == 143);
+  CHECK_THAT(r.err, Contains("resume"));
+  bool have_checkpoint = false;
+  for (const auto& e : fs::directory_iterator(job / "checkpoints")) {
+    have_checkpoint |= fs::exists(e.path() / "state.json");
+  }
+  CHECK(have_checkpoint);
+}
