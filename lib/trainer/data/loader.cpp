@@ -49,6 +49,7 @@ struct Loader::Impl {
   std::vector<Example> examples;
   LoaderOptions options;
   ImagePipeline pipeline;
+  int64_t positions = 0;  // indices in one epoch's order
   int64_t batches = 0;
 
   std::mutex mu;
@@ -71,15 +72,39 @@ struct Loader::Impl {
 
   Impl(std::vector<Example> ex, LoaderOptions opt)
       : examples(std::move(ex)), options(std::move(opt)), pipeline(options.preprocess) {
-    const int64_t n = static_cast<int64_t>(examples.size());
-    batches = options.drop_last ? n / options.batch_size
-                                : (n + options.batch_size - 1) / options.batch_size;
+    positions = options.order ? static_cast<int64_t>(make_order(0, false).size())
+                              : static_cast<int64_t>(examples.size());
+    batches = options.drop_last ? positions / options.batch_size
+                                : (positions + options.batch_size - 1) / options.batch_size;
+    if (options.max_batches >= 0) batches = std::min(batches, options.max_batches);
+  }
+
+  // The order of epoch `ep`, checked when it comes from options.order (its length against
+  // `positions` when check_size).
+  std::vector<int64_t> make_order(int64_t ep, bool check_size = true) const {
+    if (!options.order) {
+      return epoch_order(static_cast<int64_t>(examples.size()), options.seed, ep, options.shuffle);
+    }
+    std::vector<int64_t> o = options.order(ep);
+    if (check_size && static_cast<int64_t>(o.size()) != positions) {
+      throw Error(ErrorKind::kInternal, "Loader: the order of epoch " + std::to_string(ep) +
+                                            " has " + std::to_string(o.size()) +
+                                            " indices, epoch 0's had " + std::to_string(positions));
+    }
+    const auto n = static_cast<int64_t>(examples.size());
+    for (int64_t i : o) {
+      if (i < 0 || i >= n) {
+        throw Error(ErrorKind::kInternal, "Loader: the order of epoch " + std::to_string(ep) +
+                                              " has index " + std::to_string(i) + " outside [0, " +
+                                              std::to_string(n) + ")");
+      }
+    }
+    return o;
   }
 
   int64_t batch_begin(int64_t b) const { return b * options.batch_size; }
   int64_t batch_end(int64_t b) const {
-    return std::min<int64_t>(batch_begin(b) + options.batch_size,
-                             static_cast<int64_t>(examples.size()));
+    return std::min<int64_t>(batch_begin(b) + options.batch_size, positions);
   }
 
   bool claimable() const {
@@ -164,6 +189,10 @@ Loader::Loader(std::vector<Example> examples, LoaderOptions options) {
     throw ConfigError("data.prefetch_batches: expected >= 1, got " +
                       std::to_string(options.prefetch_batches));
   }
+  if (options.max_batches < -1) {
+    throw ConfigError("loader: max_batches must be >= 0 (or -1: no cap), got " +
+                      std::to_string(options.max_batches));
+  }
   impl_ = std::make_unique<Impl>(std::move(examples), std::move(options));
   Impl* impl = impl_.get();
   try {
@@ -194,6 +223,8 @@ Loader::~Loader() {
 
 int64_t Loader::num_examples() const { return static_cast<int64_t>(impl_->examples.size()); }
 
+int64_t Loader::epoch_size() const { return impl_->positions; }
+
 int64_t Loader::batches_per_epoch() const { return impl_->batches; }
 
 void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
@@ -204,8 +235,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
                                           std::to_string(first_batch) + " outside [0, " +
                                           std::to_string(s.batches) + "]");
   }
-  std::vector<int64_t> order =
-      epoch_order(num_examples(), s.options.seed, epoch, s.options.shuffle);
+  std::vector<int64_t> order = s.make_order(epoch);
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.abandon_locked();

@@ -1,13 +1,15 @@
 // The loader turns a list of examples into batches: a per-epoch order (shuffled from seed and
-// epoch), decoding and augmentation by a pool of decode threads that prefetch while the model
-// trains, and batching in order. Example i of epoch e is augmented with the seed
-// mix_seed(seed, {e, i}), so the batches are identical whatever the number of decode threads.
+// epoch, or given by LoaderOptions::order, e.g. a worker's shard), decoding and augmentation by
+// a pool of decode threads that prefetch while the model trains, and batching in order. Example
+// i of epoch e is augmented with the seed mix_seed(seed, {e, i}) (i: its index in the examples
+// vector), so the batches are identical whatever the number of decode threads or the order.
 // Not thread-safe: one consumer calls start_epoch()/next(); the pool is internal.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +29,15 @@ struct LoaderOptions {
   int num_workers = 2;        // decode threads (>= 1)
   int prefetch_batches = 2;   // batches kept ready ahead of the consumer (>= 1)
   bool skip_corrupt = false;  // false: a bad image throws DataError; true: dropped, counted
+  // The example indices of epoch e, in order (e.g. worker_epoch_order of shard.h); empty =
+  // epoch_order(n, seed, e, shuffle). When set, `shuffle` is not used. It must return the same
+  // number of indices every epoch (called once at construction with epoch 0 to learn it), each in
+  // [0, n); an index may repeat. Called on the consumer's thread by the constructor and
+  // start_epoch().
+  std::function<std::vector<int64_t>(int64_t epoch)> order;
+  // Cap on batches per epoch (the agreed lock-step steps of a multi-worker job), applied after
+  // drop_last; -1 = no cap.
+  int64_t max_batches = -1;
 };
 
 struct Batch {
@@ -47,8 +58,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  int64_t num_examples() const;
-  int64_t batches_per_epoch() const;  // floor (drop_last) or ceil of examples / batch_size
+  int64_t num_examples() const;  // the examples vector's size
+  int64_t epoch_size() const;    // indices in one epoch's order (num_examples() by default)
+  // floor (drop_last) or ceil of epoch_size() / batch_size, then at most max_batches.
+  int64_t batches_per_epoch() const;
 
   // Starts (or restarts) epoch `epoch` at batch `first_batch` (resume mid-epoch).
   void start_epoch(int64_t epoch, int64_t first_batch = 0);

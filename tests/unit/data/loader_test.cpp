@@ -2,6 +2,7 @@
 // restarts and shutdown. Fixtures are small JPEGs written at test time.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -290,4 +291,115 @@ TEST_CASE("loader: destruction mid-epoch is prompt; bad options are refused", "[
   CHECK(empty.batches_per_epoch() == 0);
   empty.start_epoch(0);
   CHECK_FALSE(empty.next().has_value());
+}
+
+TEST_CASE("loader: an order function replaces epoch_order; seeds stay per example",
+          "[data][loader]") {
+  TempDir tmp;
+  const std::vector<Example> examples = make_examples(tmp, 10);
+  LoaderOptions o = options(2, 3, true);
+  // A subset in a per-epoch order: the odd examples, rotated by the epoch.
+  o.order = [](int64_t epoch) {
+    std::vector<int64_t> odd = {1, 3, 5, 7, 9};
+    std::rotate(odd.begin(), odd.begin() + epoch % 5, odd.end());
+    return odd;
+  };
+  Loader loader(examples, o);
+  CHECK(loader.num_examples() == 10);
+  CHECK(loader.epoch_size() == 5);
+  CHECK(loader.batches_per_epoch() == 3);  // ceil(5 / 2): no drop_last
+
+  const ImagePipeline pipe(o.preprocess);
+  for (int64_t epoch : {0, 2}) {
+    const std::vector<Batch> batches = whole_epoch(loader, epoch);
+    REQUIRE(batches.size() == 3);
+    std::vector<int64_t> got;
+    for (const Batch& b : batches) {
+      for (size_t r = 0; r < b.indices.size(); ++r) {
+        const int64_t i = b.indices[r];
+        got.push_back(i);
+        CHECK(b.labels[static_cast<int64_t>(r)].item<int64_t>() == examples[i].label);
+        // Augmented with the example's own seed, whatever its position in the order.
+        const torch::Tensor expected = pipe.load(
+            examples[i].path,
+            util::mix_seed(o.seed, {static_cast<uint64_t>(epoch), static_cast<uint64_t>(i)}));
+        CHECK(torch::equal(b.images[static_cast<int64_t>(r)], expected));
+      }
+    }
+    CHECK(got == o.order(epoch));
+  }
+
+  SECTION("drop_last counts the order's length") {
+    LoaderOptions d = o;
+    d.drop_last = true;
+    Loader l(examples, d);
+    CHECK(l.batches_per_epoch() == 2);
+    CHECK(whole_epoch(l, 1).size() == 2);
+  }
+  SECTION("identical batches for 1 and 4 decode threads") {
+    LoaderOptions one = o;
+    one.num_workers = 1;
+    LoaderOptions four = o;
+    four.num_workers = 4;
+    Loader a(examples, one);
+    Loader b(examples, four);
+    const std::vector<Batch> x = whole_epoch(a, 3);
+    const std::vector<Batch> y = whole_epoch(b, 3);
+    REQUIRE(x.size() == y.size());
+    for (size_t k = 0; k < x.size(); ++k) {
+      CHECK(x[k].indices == y[k].indices);
+      CHECK(torch::equal(x[k].images, y[k].images));
+    }
+  }
+}
+
+TEST_CASE("loader: max_batches caps every epoch, also on resume", "[data][loader]") {
+  TempDir tmp;
+  const std::vector<Example> examples = make_examples(tmp, 23);
+  LoaderOptions o = options(5, 2, false);
+  o.drop_last = true;
+  o.max_batches = 2;  // of 4
+  Loader loader(examples, o);
+  CHECK(loader.batches_per_epoch() == 2);
+  const std::vector<Batch> batches = whole_epoch(loader, 1);
+  REQUIRE(batches.size() == 2);
+  const std::vector<int64_t> order = epoch_order(23, o.seed, 1, true);
+  CHECK(batches[1].indices == std::vector<int64_t>(order.begin() + 5, order.begin() + 10));
+  loader.start_epoch(1, 1);
+  CHECK(loader.next()->index == 1);
+  CHECK_FALSE(loader.next().has_value());
+  CHECK_THROWS_AS(loader.start_epoch(1, 3), Error);
+
+  o.max_batches = 9;  // more than there are: no effect
+  CHECK(Loader(examples, o).batches_per_epoch() == 4);
+  o.drop_last = false;
+  o.max_batches = 5;  // the partial last batch counts
+  Loader partial(examples, o);
+  const std::vector<Batch> all = whole_epoch(partial, 0);
+  REQUIRE(all.size() == 5);
+  CHECK(all.back().indices.size() == 3);
+  o.max_batches = 0;
+  Loader none(examples, o);
+  CHECK(none.batches_per_epoch() == 0);
+  none.start_epoch(0);
+  CHECK_FALSE(none.next().has_value());
+  o.max_batches = -2;
+  CHECK_THROWS_AS(Loader(examples, o), ConfigError);
+}
+
+TEST_CASE("loader: a bad order function is an internal error", "[data][loader]") {
+  TempDir tmp;
+  const std::vector<Example> examples = make_examples(tmp, 6);
+  LoaderOptions o = options(2, 2, false);
+  o.order = [](int64_t epoch) { return std::vector<int64_t>(static_cast<size_t>(3 + epoch), 0); };
+  Loader loader(examples, o);
+  CHECK(loader.epoch_size() == 3);
+  loader.start_epoch(0);
+  CHECK_THROWS_WITH(loader.start_epoch(1), Contains("has 4 indices, epoch 0's had 3"));
+
+  o.order = [](int64_t) { return std::vector<int64_t>{0, 6}; };
+  CHECK_THROWS_WITH(Loader(examples, o), Contains("index 6 outside [0, 6)"));
+  o.order = [](int64_t epoch) { return std::vector<int64_t>{0, epoch == 0 ? 1 : -1}; };
+  Loader late(examples, o);
+  CHECK_THROWS_AS(late.start_epoch(1), Error);
 }
