@@ -63,9 +63,10 @@ TEST_CASE("config errors exit 2 and name the field", "[cli]") {
 
   const Result cluster = run_trainer(
       dir.path(), "inspect --config ok.yaml",
-      {R"(TF_CONFIG={"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}})"});
+      {R"(TF_CONFIG={"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}, "task": {"type": "worker", "index": 0}})"});
   CHECK(cluster.code == 2);
   CHECK_THAT(cluster.err, Contains("TF_CONFIG"));
+  CHECK_THAT(cluster.err, Contains("parameter"));
   const Result bad_json = run_trainer(dir.path(), "inspect --config ok.yaml", {"TF_CONFIG={oops"});
   CHECK(bad_json.code == 2);
   CHECK_THAT(bad_json.err, Contains("TF_CONFIG"));

@@ -9,7 +9,7 @@
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
 
-TEST_CASE("a small ResNet learns the synthetic data; evaluate and predict agree", "[learning]") {
+TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agree with it", "[learning]") {
   TempDir dir("learn");
   make_dataset(dir.path(), "data", 40, 32);
   write_text(dir / "job.yaml", tiny_job_yaml(3));
