@@ -1,6 +1,9 @@
 #include "trainer/train/evaluate.h"
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "trainer/util/error.h"
 
@@ -44,14 +47,17 @@ nlohmann::json EvalCounts::to_json(const std::vector<std::string>& class_names) 
 
 EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
                     const ModelSettings& settings) {
-  // Restores the train/eval mode on every way out (a DataError from the loader included).
+  // Restores every module's own train/eval mode on every way out (so BatchNorm layers frozen by
+  // set_batchnorm_eval stay frozen, and a DataError from the loader leaves the model as it was).
   struct ModeRestore {
-    model::ResNet& net;
-    bool was_training;
+    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes;
     ~ModeRestore() {
-      if (was_training) net->train();
+      for (auto& [module, training] : modes) module->train(training);
     }
-  } restore{net, net->is_training()};
+  } restore;
+  for (auto& module : net->modules(/*include_self=*/true)) {
+    restore.modes.emplace_back(module, module->is_training());
+  }
   net->eval();
   torch::NoGradGuard no_grad;
 

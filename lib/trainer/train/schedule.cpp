@@ -13,7 +13,7 @@ double learning_rate_at(const config::LrScheduleSpec& schedule, double base_lr, 
   // small slack keeps e.g. 0.1 epoch x 30 steps (3.0000000000000004) at 3 steps.
   const double warmup = std::max(0.0, std::ceil(schedule.warmup_epochs * spe - 1e-9));
   const double s = static_cast<double>(step);
-  if (warmup > 0 && s < warmup) return base_lr * (s + 1) / warmup;
+  if (warmup > 0 && s < warmup) return base_lr * ((s + 1) / warmup);
 
   if (schedule.name == "cosine") {
     // progress 0 at the first step after warm-up, 1 at the last step (total - 1).

@@ -1,6 +1,7 @@
 // Learning-rate schedules as a pure function of the step: linear warm-up over
-// lr_schedule.warmup_epochs, then constant, cosine (to min_lr at the last step) or step decay
-// (x gamma every step_epochs). Thread-safe (pure).
+// lr_schedule.warmup_epochs (rounded up to whole steps; step 0 = base / warm-up steps, the last
+// warm-up step = base), then constant, cosine (base on the first step after warm-up, min_lr on
+// the last step) or step decay (x gamma every step_epochs, counted from step 0). Thread-safe.
 #pragma once
 
 #include <cstdint>
