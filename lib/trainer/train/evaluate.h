@@ -29,7 +29,8 @@ struct EvalCounts {
 };
 
 // Runs the model (eval mode, no grad) over every batch of `loader`'s epoch 0 and returns the
-// counts. The model's train/eval mode is restored afterwards.
+// counts. The model's train/eval mode is restored afterwards (also when it throws). A label
+// outside 0..num_classes-1 is a DataError.
 EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
                     const ModelSettings& settings);
 

@@ -16,7 +16,8 @@ class MetricsLog {
  public:
   MetricsLog() = default;  // disabled: records are dropped (a non-chief, or inspect)
   // Opens `path` for appending. resume_step >= 0 first drops records with step > resume_step
-  // (left by a run that went on past its last checkpoint), so each step is recorded once.
+  // (left by a run that went on past its last checkpoint), so each step is recorded once. A last
+  // line without its newline (cut short by a crash) is dropped in either case.
   MetricsLog(const std::filesystem::path& path, int64_t resume_step);
 
   void write(int64_t step, int64_t epoch, const std::map<std::string, double>& values);
