@@ -1,0 +1,285 @@
+#include "trainer/dist/grad_sync.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "trainer/util/error.h"
+
+namespace trainer::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Gloo has no bf16 kernels; fp32 holds every bf16 exactly and sums more precisely.
+torch::ScalarType buffer_type(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? torch::kFloat : t;
+}
+
+}  // namespace
+
+struct GradientSync::State {
+  struct Slot {
+    torch::Tensor param;
+    size_t input_index = 0;  // position in the constructor's list
+    size_t bucket = 0;
+    size_t pos = 0;      // position within the bucket (its used flag)
+    int64_t offset = 0;  // element offset of its gradient in the bucket's buffer
+    unsigned hook = 0;
+    bool ready = false;  // its gradient arrived this step
+  };
+  // flat = [gradients of its slots, back to back | one "used" flag per slot]. The flags are
+  // reduced with the gradients: a sum of 0 means no rank produced a gradient for that slot.
+  struct Bucket {
+    std::vector<size_t> slots;
+    torch::Tensor flat, grads, flags;
+    size_t pending = 0;
+    AsyncWork work;
+  };
+
+  explicit State(ProcessGroup& g) : group(g) {}
+
+  ProcessGroup& group;
+  std::vector<Slot> slots;
+  std::vector<std::pair<size_t, torch::Tensor>> frozen;  // ignored: not requiring grad at start
+  std::vector<Bucket> buckets;
+  size_t next_launch = 0;  // buckets launch strictly in index order, the same on every rank
+  int launched_in_backward = 0;
+  std::mutex mutex;
+  std::exception_ptr error;  // a failure inside a hook, rethrown by finish()
+  GradSyncStats stats;
+
+  void build(double bucket_mb);
+  void on_grad(size_t slot, const torch::Tensor& grad);
+  void launch(size_t bucket, bool from_hook);
+  void reset();
+};
+
+void GradientSync::State::build(double bucket_mb) {
+  const double cap = std::max(bucket_mb, 0.0) * 1024.0 * 1024.0;
+  struct Open {
+    torch::Device device;
+    torch::ScalarType dtype;
+    std::vector<size_t> slots;
+    double bytes = 0;
+  };
+  std::vector<Open> open;
+  std::vector<std::vector<size_t>> assigned;
+  // Reverse registration order: backward produces the last layers' gradients first.
+  for (size_t i = slots.size(); i-- > 0;) {
+    const auto& p = slots[i].param;
+    const auto dtype = buffer_type(p.scalar_type());
+    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) {
+      return o.device == p.device() && o.dtype == dtype;
+    });
+    if (it == open.end()) {
+      open.push_back(Open{p.device(), dtype, {}, 0});
+      it = open.end() - 1;
+    }
+    const double bytes = static_cast<double>(p.numel() * c10::elementSize(dtype));
+    if (!it->slots.empty() && it->bytes + bytes > cap) {
+      assigned.push_back(std::move(it->slots));
+      it->slots.clear();
+      it->bytes = 0;
+    }
+    it->slots.push_back(i);
+    it->bytes += bytes;
+  }
+  for (auto& o : open) {
+    if (!o.slots.empty()) assigned.push_back(std::move(o.slots));
+  }
+  // Launch order: by the latest-registered parameter of each bucket, latest first.
+  std::sort(assigned.begin(), assigned.end(),
+            [](const auto& a, const auto& b) { return a.front() > b.front(); });
+
+  for (size_t b = 0; b < assigned.size(); ++b) {
+    Bucket bucket;
+    bucket.slots = assigned[b];
+    int64_t total = 0;
+    for (size_t k = 0; k < bucket.slots.size(); ++k) {
+      Slot& s = slots[bucket.slots[k]];
+      s.bucket = b;
+      s.pos = k;
+      s.offset = total;
+      total += s.param.numel();
+    }
+    const auto& first = slots[bucket.slots.front()].param;
+    const int64_t n = static_cast<int64_t>(bucket.slots.size());
+    bucket.flat = torch::zeros(
+        {total + n},
+        torch::TensorOptions().dtype(buffer_type(first.scalar_type())).device(first.device()));
+    bucket.grads = bucket.flat.narrow(0, 0, total);
+    bucket.flags = bucket.flat.narrow(0, total, n);
+    bucket.pending = bucket.slots.size();
+    buckets.push_back(std::move(bucket));
+  }
+}
+
+void GradientSync::State::on_grad(size_t index, const torch::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (error) return;
+  try {
+    Slot& s = slots[index];
+    Bucket& b = buckets[s.bucket];
+    if (s.ready) {
+      throw Error(ErrorKind::kInternal,
+                  "GradientSync: parameter #" + std::to_string(s.input_index) +
+                      " received a second gradient before finish(); call finish() after every "
+                      "backward (accumulating gradients over several backward passes is not "
+                      "supported)");
+    }
+    if (grad.defined() && grad.is_sparse()) {
+      throw Error(ErrorKind::kInternal, "GradientSync: sparse gradients are not supported");
+    }
+    torch::NoGradGuard no_grad;
+    auto slot = b.grads.narrow(0, s.offset, s.param.numel());
+    if (grad.defined()) {
+      slot.view(s.param.sizes()).copy_(grad);  // any layout in, logical (contiguous) order
+      b.flags.narrow(0, static_cast<int64_t>(s.pos), 1).fill_(1);
+    } else {
+      slot.zero_();
+    }
+    s.ready = true;
+    --b.pending;
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      launch(next_launch, /*from_hook=*/true);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+}
+
+// Caller holds the mutex. Gradients that did not arrive count as zero (their flag stays 0).
+void GradientSync::State::launch(size_t index, bool from_hook) {
+  Bucket& b = buckets[index];
+  if (b.pending > 0) {
+    torch::NoGradGuard no_grad;
+    for (size_t k : b.slots) {
+      const Slot& s = slots[k];
+      if (!s.ready) b.grads.narrow(0, s.offset, s.param.numel()).zero_();
+    }
+  }
+  b.work = group.all_reduce_sum_async(b.flat);
+  ++next_launch;
+  if (from_hook) ++launched_in_backward;
+}
+
+void GradientSync::State::reset() {
+  for (auto& s : slots) s.ready = false;
+  for (auto& b : buckets) {
+    b.pending = b.slots.size();
+    b.work = AsyncWork();
+    b.flags.zero_();
+  }
+  next_launch = 0;
+  launched_in_backward = 0;
+  error = nullptr;
+}
+
+GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> parameters,
+                           double bucket_mb)
+    : state_(std::make_unique<State>(group)) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!parameters[i].defined()) continue;
+    if (!parameters[i].requires_grad()) {
+      state_->frozen.emplace_back(i, parameters[i]);
+      continue;
+    }
+    State::Slot s;
+    s.param = parameters[i];
+    s.input_index = i;
+    state_->slots.push_back(std::move(s));
+  }
+  if (group.world_size() == 1) return;
+  state_->build(bucket_mb);
+  State* state = state_.get();
+  for (size_t k = 0; k < state_->slots.size(); ++k) {
+    auto& s = state_->slots[k];
+    s.hook =
+        s.param.register_hook([state, k](const torch::Tensor& grad) { state->on_grad(k, grad); });
+  }
+}
+
+GradientSync::~GradientSync() {
+  if (state_->group.world_size() == 1) return;
+  for (auto& s : state_->slots) {
+    try {
+      s.param.remove_hook(s.hook);
+    } catch (...) {
+      // The parameter outlived its autograd meta; nothing left to remove.
+    }
+  }
+}
+
+void GradientSync::finish() {
+  State& st = *state_;
+  if (st.group.world_size() == 1) return;
+  const auto start = Clock::now();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  GradSyncStats stats;
+  try {
+    // Even after a failed hook every bucket is launched and waited for, so that all ranks
+    // stay in step (the same collectives in the same order) before the error is thrown.
+    while (st.next_launch < st.buckets.size()) st.launch(st.next_launch, /*from_hook=*/false);
+    stats.buckets = static_cast<int>(st.buckets.size());
+    stats.launched_in_backward = st.launched_in_backward;
+    const auto wait_start = Clock::now();
+    for (auto& b : st.buckets) b.work.wait();
+    stats.wait_s = seconds_since(wait_start);
+    if (st.error) std::rethrow_exception(st.error);
+    for (const auto& [index, param] : st.frozen) {
+      if (param.requires_grad()) {  // its gradient would silently differ between replicas
+        throw Error(ErrorKind::kInternal,
+                    "GradientSync: parameter #" + std::to_string(index) +
+                        " was frozen when GradientSync was built and now requires grad; build a "
+                        "new GradientSync after changing which parameters train");
+      }
+    }
+
+    torch::NoGradGuard no_grad;
+    const double world = static_cast<double>(st.group.world_size());
+    for (auto& b : st.buckets) {
+      stats.bytes += b.flat.numel() * static_cast<int64_t>(b.flat.element_size());
+      b.flat.div_(world);
+      const auto used = (b.flags > 0).to(torch::kCPU);
+      const bool* u = used.data_ptr<bool>();
+      for (size_t k = 0; k < b.slots.size(); ++k) {
+        if (!u[k]) continue;  // no rank produced a gradient: leave .grad as it is
+        auto& p = st.slots[b.slots[k]].param;
+        const auto& s = st.slots[b.slots[k]];
+        auto averaged = b.grads.narrow(0, s.offset, p.numel()).view(p.sizes());
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        p.mutable_grad().copy_(averaged);  // keeps the grad's layout (e.g. channels_last)
+      }
+    }
+  } catch (...) {
+    st.reset();
+    throw;
+  }
+  stats.finish_s = seconds_since(start);
+  st.stats = stats;
+  st.reset();
+}
+
+const GradSyncStats& GradientSync::last_step() const { return state_->stats; }
+
+int GradientSync::num_buckets() const { return static_cast<int>(state_->buckets.size()); }
+
+std::vector<std::vector<size_t>> GradientSync::bucket_assignment() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : state_->buckets) {
+    std::vector<size_t> indices;
+    for (size_t k : b.slots) indices.push_back(state_->slots[k].input_index);
+    out.push_back(std::move(indices));
+  }
+  return out;
+}
+
+}  // namespace trainer::dist

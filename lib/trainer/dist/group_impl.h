@@ -1,0 +1,86 @@
+// Private to dist/: ProcessGroup's state, shared by process_group.cpp (collectives, failure
+// handling) and rendezvous.cpp (meeting at the chief, creating the backends), and the helpers
+// both use. Includes c10d, so never include it from a public header. Thread-safety: `mutex`
+// guards launches, `failure` and `in_flight`; the rest is set up once, in connect().
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trainer/dist/c10d_compat.h"
+#include "trainer/dist/process_group.h"
+
+namespace trainer::dist {
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds to_ms(double seconds);
+std::string seconds_text(double seconds);                // "2", "0.5"
+std::string address(const std::string& host, int port);  // "host:port", "[v6]:port"
+std::string plain_message(const std::exception& e);      // one line, no C++ backtrace
+
+}  // namespace detail
+
+struct ProcessGroup::Impl {
+  DistOptions opts;
+  std::string backend_name;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::Backend> cpu;   // Gloo: CPU tensors and every small collective
+  c10::intrusive_ptr<compat::Backend> cuda;  // NCCL for CUDA tensors; null = Gloo carries them
+
+  std::mutex mutex;     // serialises launches: c10d numbers collectives by call order
+  std::string failure;  // the first failure; once set, every call is refused
+  std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
+
+  explicit Impl(const DistOptions& o);
+  ~Impl();
+
+  bool local() const { return opts.world_size == 1; }
+  bool on_gloo(const torch::Tensor& t) const { return !(t.is_cuda() && cuda); }
+  compat::Backend& backend_for(const torch::Tensor& t) { return on_gloo(t) ? *cpu : *cuda; }
+  std::string who() const;  // "rank 1 of 3 (gloo)"
+
+  // Failures: a DistributedError, or Interrupted when this process was asked to stop (its peers
+  // are then stopping too, and that is why the collective could not complete).
+  void record_failure(const std::string& message);
+  [[noreturn]] static void raise(const std::string& message);
+  [[noreturn]] void fail(const std::string& what, const std::exception& e);  // no lock held
+  void check_usable_locked(const std::string& what) const;
+
+  // Starts a collective: f() returns the c10d work. Refused once the group has failed.
+  template <class Launch>
+  c10::intrusive_ptr<compat::Work> launch(const std::string& what, Launch&& f);
+  // Blocks until `work` is done; throws as fail() does. Gloo work is waited for in slices, so
+  // that a stop signal is noticed (see process_group.h).
+  void wait(const std::string& what, const c10::intrusive_ptr<compat::Work>& work, bool on_gloo);
+
+  // rendezvous.cpp
+  void rendezvous();
+  void announce(const std::string& chief);
+  void make_backends();
+};
+
+template <class Launch>
+c10::intrusive_ptr<compat::Work> ProcessGroup::Impl::launch(const std::string& what, Launch&& f) {
+  std::unique_lock<std::mutex> lock(mutex);
+  check_usable_locked(what);
+  try {
+    auto work = f();
+    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),
+                                   [](const auto& w) { return w->isCompleted(); }),
+                    in_flight.end());
+    in_flight.push_back(work);
+    return work;
+  } catch (const std::exception& e) {
+    lock.unlock();
+    fail(what, e);
+  }
+}
+
+}  // namespace trainer::dist

@@ -1,0 +1,532 @@
+#include "trainer/dist/process_group.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <sstream>
+
+#include "trainer/dist/group_impl.h"
+#include "trainer/util/error.h"
+#include "trainer/util/signals.h"
+
+namespace trainer::dist {
+
+namespace detail {
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+std::string address(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::string plain_message(const std::exception& e) {
+  std::string m;
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    m = ce->what_without_backtrace();
+  } else {
+    m = e.what();
+  }
+  if (auto cut = m.find("\nException raised from"); cut != std::string::npos) m.resize(cut);
+  while (!m.empty() && std::isspace(static_cast<unsigned char>(m.back()))) m.pop_back();
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  if (m.size() > 600) m = m.substr(0, 600) + "...";
+  return m;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Clock;
+using detail::plain_message;
+using detail::seconds_text;
+using std::chrono::milliseconds;
+
+constexpr int64_t kChunkBytes = int64_t{64} << 20;  // flat buffers of all_reduce_sum/broadcast
+constexpr milliseconds kWaitSlice{200};             // how often a waiting rank checks signals
+constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, then give up
+
+bool contains_any(const std::string& text, std::initializer_list<const char*> needles) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* n : needles) {
+    if (lower.find(n) != std::string::npos) return true;
+  }
+  return false;
+}
+
+bool gloo_reduces(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat:
+    case torch::kDouble:
+    case torch::kHalf:
+    case torch::kChar:
+    case torch::kByte:
+    case torch::kInt:
+    case torch::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The dtype a tensor travels as: Gloo has no bf16, bool or int16 kernels. bf16 -> fp32 -> bf16
+// is exact, so broadcast stays bit-exact and sums are at least as precise.
+torch::ScalarType wire_type(torch::ScalarType t) {
+  if (gloo_reduces(t)) return t;
+  switch (t) {
+    case torch::kBFloat16:
+      return torch::kFloat;
+    case torch::kBool:
+      return torch::kByte;
+    case torch::kShort:
+      return torch::kInt;
+    default:
+      throw Error(ErrorKind::kInternal, std::string("dist: tensors of dtype ") + c10::toString(t) +
+                                            " cannot be communicated");
+  }
+}
+
+void validate(const DistOptions& o) {
+  if (o.world_size < 1) {
+    throw ConfigError("distributed: world size must be at least 1, got " +
+                      std::to_string(o.world_size));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    throw ConfigError("distributed: rank " + std::to_string(o.rank) +
+                      " is outside a world of size " + std::to_string(o.world_size));
+  }
+  if (o.backend != "auto" && o.backend != "gloo" && o.backend != "nccl") {
+    throw ConfigError("distributed.backend: expected one of auto|gloo|nccl, got '" + o.backend +
+                      "'");
+  }
+  if (o.backend == "nccl") {
+#ifndef TRAINER_WITH_CUDA
+    throw ConfigError(
+        "distributed.backend: nccl needs a CUDA build of LibTorch, and this build has no CUDA; "
+        "use gloo or auto");
+#endif
+    if (!o.use_cuda) {
+      throw ConfigError(
+          "distributed.backend: nccl communicates CUDA tensors, but this job trains on the CPU; "
+          "use gloo or auto");
+    }
+  }
+  if (!(o.timeout_s > 0)) {
+    throw ConfigError("distributed.timeout_s: expected a number of seconds > 0, got " +
+                      seconds_text(o.timeout_s));
+  }
+  if (!(o.rendezvous_timeout_s > 0)) {
+    throw ConfigError("distributed.rendezvous_timeout_s: expected a number of seconds > 0, got " +
+                      seconds_text(o.rendezvous_timeout_s));
+  }
+  if (o.world_size > 1) {
+    if (o.chief_host.empty()) {
+      throw ConfigError("distributed: the chief's host is empty (TF_CONFIG's chief address)");
+    }
+    if (o.chief_port < 1 || o.chief_port > 65535) {
+      throw ConfigError("distributed: the chief's port must be in 1..65535, got " +
+                        std::to_string(o.chief_port) + " (TF_CONFIG's chief address)");
+    }
+  }
+}
+
+std::string resolve_backend(const DistOptions& o) {
+  if (o.world_size == 1) return "local";
+  if (o.backend == "auto") {
+#ifdef TRAINER_WITH_CUDA
+    return o.use_cuda ? "nccl" : "gloo";
+#else
+    return "gloo";
+#endif
+  }
+  return o.backend;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+ProcessGroup::Impl::Impl(const DistOptions& o) : opts(o), backend_name(resolve_backend(o)) {}
+
+// A group that failed, or that still has collectives in flight, is leaked on purpose: its
+// destructor would wait for Gloo's worker threads, which may be blocked on a dead peer until the
+// timeout (once per queued collective). The process is about to exit (4 or 143) anyway.
+ProcessGroup::Impl::~Impl() {
+  bool leak = !failure.empty();
+  for (auto& w : in_flight) leak = leak || !w->isCompleted();
+  if (leak) {
+    for (auto& w : in_flight) w.release();
+    cuda.release();
+    cpu.release();
+    store.release();
+  }
+}
+
+std::string ProcessGroup::Impl::who() const {
+  return "rank " + std::to_string(opts.rank) + " of " + std::to_string(opts.world_size) + " (" +
+         backend_name + ")";
+}
+
+void ProcessGroup::Impl::record_failure(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (failure.empty()) failure = message;
+}
+
+void ProcessGroup::Impl::raise(const std::string& message) {
+  if (util::stop_requested()) {
+    throw Interrupted("stopped by signal " + std::to_string(util::stop_signal()) + "; " + message);
+  }
+  throw DistributedError(message);
+}
+
+void ProcessGroup::Impl::fail(const std::string& what, const std::exception& e) {
+  const std::string detail = plain_message(e);
+  std::string cause;
+  if (contains_any(detail, {"timed out", "timeout"})) {
+    cause = "no answer from a peer within distributed.timeout_s = " + seconds_text(opts.timeout_s) +
+            " s: a peer is stuck, has died, or fell out of step (every rank must run the same "
+            "collectives in the same order)";
+  } else if (contains_any(detail, {"closed by peer", "connection reset", "broken pipe",
+                                   "connection refused", "connection closed", "socket closed",
+                                   "eof", "read error", "write error", "peer"})) {
+    cause = "lost the connection to a peer: its process ended or the network failed";
+  } else {
+    cause = "failed";
+  }
+  const std::string message = what + " on " + who() + ": " + cause + " [" + detail + "]";
+  record_failure(message);
+  raise(message);
+}
+
+void ProcessGroup::Impl::check_usable_locked(const std::string& what) const {
+  if (!failure.empty()) {
+    raise(what + " on " + who() + ": refused, this process group already failed: " + failure);
+  }
+}
+
+// When the collective has not completed kStopGrace after a stop signal, the peers have stopped
+// too (or are gone), and waiting on would only delay the exit.
+void ProcessGroup::Impl::wait(const std::string& what, const c10::intrusive_ptr<compat::Work>& work,
+                              bool on_gloo) {
+  // Gloo and NCCL (blocking wait) enforce timeout_s themselves; this is only a safety net.
+  auto net = detail::to_ms(2 * opts.timeout_s + 60);
+  auto future = on_gloo ? work->getFuture() : c10::intrusive_ptr<c10::ivalue::Future>();
+  if (future) {
+    struct Done {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+    };
+    auto done = std::make_shared<Done>();
+    future->addCallback([done](c10::ivalue::Future&) {
+      std::lock_guard<std::mutex> lock(done->m);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    const auto give_up = Clock::now() + net;
+    std::optional<Clock::time_point> stop_seen;
+    std::unique_lock<std::mutex> lock(done->m);
+    while (!done->cv.wait_for(lock, kWaitSlice, [&] { return done->done; })) {
+      const auto now = Clock::now();
+      if (util::stop_requested()) {
+        if (!stop_seen) stop_seen = now;
+        if (now - *stop_seen >= kStopGrace) {
+          lock.unlock();
+          const std::string message = what + " on " + who() +
+                                      ": abandoned after a stop signal (the peers did not "
+                                      "complete it within " +
+                                      std::to_string(kStopGrace.count()) + " s)";
+          record_failure(message);
+          raise(message);
+        }
+      }
+      if (now >= give_up) break;
+    }
+    // Done: wait() returns at once or rethrows the failure. Not done: report the timeout.
+    if (!done->done) net = milliseconds(1);
+  }
+  try {
+    work->wait(net);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct AsyncWork::State {
+  std::shared_ptr<ProcessGroup::Impl> impl;
+  c10::intrusive_ptr<compat::Work> work;
+  std::string what;
+  bool on_gloo = true;
+  bool waited = false;
+};
+
+AsyncWork::AsyncWork() = default;
+AsyncWork::~AsyncWork() = default;
+AsyncWork::AsyncWork(AsyncWork&&) noexcept = default;
+AsyncWork& AsyncWork::operator=(AsyncWork&&) noexcept = default;
+
+bool AsyncWork::pending() const { return state_ && !state_->waited; }
+
+void AsyncWork::wait() {
+  if (!state_ || state_->waited) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->impl->mutex);
+    state_->impl->check_usable_locked(state_->what);
+  }
+  state_->impl->wait(state_->what, state_->work, state_->on_gloo);
+  state_->waited = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Tensors of one dtype and device, packed into flat buffers of at most kChunkBytes (a larger
+// tensor is a chunk of its own). A lone contiguous tensor of a wire dtype is used in place.
+struct Chunk {
+  std::vector<torch::Tensor> members;
+  torch::Tensor flat;
+  bool in_place = false;
+};
+
+std::vector<Chunk> make_chunks(const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    auto same = [&](const std::vector<torch::Tensor>& g) {
+      return g.front().device() == t.device() && g.front().scalar_type() == t.scalar_type();
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) {
+      groups.push_back({t});
+    } else {
+      it->push_back(t);
+    }
+  }
+  std::vector<Chunk> chunks;
+  for (const auto& group : groups) {
+    const auto wire = wire_type(group.front().scalar_type());
+    const int64_t item = static_cast<int64_t>(c10::elementSize(wire));
+    Chunk current;
+    int64_t bytes = 0;
+    for (const auto& t : group) {
+      if (!current.members.empty() && bytes + t.numel() * item > kChunkBytes) {
+        chunks.push_back(std::move(current));
+        current = Chunk{};
+        bytes = 0;
+      }
+      current.members.push_back(t);
+      bytes += t.numel() * item;
+    }
+    chunks.push_back(std::move(current));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& c : chunks) {
+    const auto& first = c.members.front();
+    const auto wire = wire_type(first.scalar_type());
+    if (c.members.size() == 1 && first.is_contiguous() && wire == first.scalar_type()) {
+      c.flat = first.detach();
+      c.in_place = true;
+      continue;
+    }
+    std::vector<torch::Tensor> pieces;
+    pieces.reserve(c.members.size());
+    for (const auto& t : c.members) pieces.push_back(t.detach().reshape({-1}).to(wire));
+    c.flat = torch::cat(pieces);
+  }
+  return chunks;
+}
+
+void unpack(const Chunk& c) {
+  if (c.in_place) return;
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& t : c.members) {
+    const int64_t n = t.numel();
+    t.detach().copy_(c.flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+}
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  switch (op) {
+    case Reduce::kMin:
+      return c10d::ReduceOp::MIN;
+    case Reduce::kMax:
+      return c10d::ReduceOp::MAX;
+    case Reduce::kSum:
+      break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> ProcessGroup::connect(const DistOptions& options) {
+  validate(options);
+  auto impl = std::make_shared<Impl>(options);
+  if (!impl->local()) {
+    try {
+      impl->rendezvous();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // anything the steps above did not name
+      throw DistributedError("rendezvous at the chief " +
+                             detail::address(options.chief_host, options.chief_port) +
+                             " failed: " + plain_message(e));
+    }
+  }
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const { return impl_->opts.rank; }
+int ProcessGroup::world_size() const { return impl_->opts.world_size; }
+std::string ProcessGroup::backend() const { return impl_->backend_name; }
+
+void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) {
+  if (impl_->local()) return;
+  const std::string what = "all_reduce_sum";
+  auto chunks = make_chunks(tensors);
+  std::vector<c10::intrusive_ptr<compat::Work>> works;
+  for (auto& c : chunks) {
+    works.push_back(impl_->launch(what, [&] {
+      std::vector<at::Tensor> io{c.flat};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      return impl_->backend_for(c.flat).allreduce(io, o);
+    }));
+  }
+  for (size_t i = 0; i < works.size(); ++i) {
+    impl_->wait(what, works[i], impl_->on_gloo(chunks[i].flat));
+  }
+  for (const auto& c : chunks) unpack(c);
+}
+
+AsyncWork ProcessGroup::all_reduce_sum_async(const torch::Tensor& flat) {
+  AsyncWork handle;
+  if (impl_->local()) return handle;
+  if (!flat.defined() || flat.is_sparse() || !flat.is_contiguous() ||
+      !gloo_reduces(flat.scalar_type())) {
+    throw Error(ErrorKind::kInternal,
+                "all_reduce_sum_async: needs a dense contiguous tensor of a Gloo dtype");
+  }
+  const std::string what = "all_reduce_sum_async";
+  auto work = impl_->launch(what, [&] {
+    std::vector<at::Tensor> io{flat.detach()};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    return impl_->backend_for(flat).allreduce(io, o);
+  });
+  handle.state_ = std::make_shared<AsyncWork::State>();
+  handle.state_->impl = impl_;
+  handle.state_->work = std::move(work);
+  handle.state_->what = what;
+  handle.state_->on_gloo = impl_->on_gloo(flat);
+  return handle;
+}
+
+void ProcessGroup::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
+  if (root < 0 || root >= world_size()) {
+    throw Error(ErrorKind::kInternal, "broadcast: root " + std::to_string(root) +
+                                          " is outside a world of " + std::to_string(world_size()));
+  }
+  if (impl_->local()) return;
+  const std::string what = "broadcast";
+  auto chunks = make_chunks(tensors);
+  std::vector<c10::intrusive_ptr<compat::Work>> works;
+  for (auto& c : chunks) {
+    works.push_back(impl_->launch(what, [&] {
+      std::vector<at::Tensor> io{c.flat};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.rootTensor = 0;
+      return impl_->backend_for(c.flat).broadcast(io, o);
+    }));
+  }
+  for (size_t i = 0; i < works.size(); ++i) {
+    impl_->wait(what, works[i], impl_->on_gloo(chunks[i].flat));
+  }
+  if (rank() != root) {
+    for (const auto& c : chunks) unpack(c);
+  }
+}
+
+std::vector<int64_t> ProcessGroup::all_reduce(const std::vector<int64_t>& values, Reduce op) {
+  if (impl_->local() || values.empty()) return values;
+  const std::string what = std::string("all_reduce(") +
+                           (op == Reduce::kSum   ? "sum"
+                            : op == Reduce::kMin ? "min"
+                                                 : "max") +
+                           ")";
+  auto t = torch::tensor(values, torch::kLong);
+  auto work = impl_->launch(what, [&] {
+    std::vector<at::Tensor> io{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    return impl_->cpu->allreduce(io, o);
+  });
+  impl_->wait(what, work, /*on_gloo=*/true);
+  const int64_t* p = t.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + t.numel());
+}
+
+int64_t ProcessGroup::all_reduce(int64_t value, Reduce op) {
+  return all_reduce(std::vector<int64_t>{value}, op).front();
+}
+
+std::vector<std::string> ProcessGroup::all_gather_strings(const std::string& mine) {
+  if (impl_->local()) return {mine};
+  const std::string what = "all_gather_strings";
+  const int n = world_size();
+  auto gather = [&](const torch::Tensor& input) {
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < n; ++r) outputs[0].push_back(torch::empty_like(input));
+    auto work = impl_->launch(what, [&] {
+      std::vector<at::Tensor> inputs{input};
+      return impl_->cpu->allgather(outputs, inputs);
+    });
+    impl_->wait(what, work, /*on_gloo=*/true);
+    return outputs[0];
+  };
+  const auto lengths = gather(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong));
+  int64_t longest = 1;  // never a zero-size message
+  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  auto bytes = torch::zeros({longest}, torch::kByte);
+  std::copy(mine.begin(), mine.end(), reinterpret_cast<char*>(bytes.data_ptr<uint8_t>()));
+  const auto all = gather(bytes);
+  std::vector<std::string> result;
+  for (int r = 0; r < n; ++r) {
+    const char* p = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());
+    result.emplace_back(p, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return result;
+}
+
+void ProcessGroup::barrier() {
+  if (impl_->local()) return;
+  const std::string what = "barrier";
+  auto work = impl_->launch(what, [&] { return impl_->cpu->barrier(c10d::BarrierOptions()); });
+  impl_->wait(what, work, /*on_gloo=*/true);
+}
+
+}  // namespace trainer::dist

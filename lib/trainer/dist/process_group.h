@@ -1,0 +1,104 @@
+// The process group: rendezvous of all training processes at the chief (rank 0 hosts a c10d
+// TCPStore on its own port) and the collectives the trainer needs, on plain tensors and values.
+// Gloo carries CPU tensors and every small collective; in CUDA builds NCCL carries CUDA tensors.
+// Every failure (a peer lost, a timeout, an unreachable chief) is a trainer::DistributedError
+// that names the collective, so the program exits 4 instead of crashing or hanging; after a stop
+// signal (util::stop_requested) it is Interrupted instead, and a Gloo collective still waiting
+// 5 s after the signal is abandoned. A group that failed once refuses every later call. With
+// world_size 1 every call is a local no-op.
+// Ownership: ProcessGroup owns the store, the backends, their threads and sockets; an AsyncWork
+// keeps what it needs alive. Thread-safety: collectives must be called in the same order on
+// every rank (that is how ranks match them up); calls are serialised internally, so several
+// threads may call, but then they must agree on the order themselves. AsyncWork::wait may be
+// called from any thread.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer::dist {
+
+// How to meet the others and how long to wait. The distributed.* names are the job spec's.
+struct DistOptions {
+  int rank = 0;                       // 0 = the chief, which hosts the rendezvous store
+  int world_size = 1;                 // training processes; 1 = no rendezvous, no sockets
+  std::string chief_host;             // the chief's host from TF_CONFIG (others connect here)
+  int chief_port = 0;                 // the chief's port from TF_CONFIG (the store listens here)
+  std::string own_host;               // this task's host from TF_CONFIG: Gloo binds here
+  std::string interface;              // distributed.interface: "" = bind own_host; else a NIC name
+  std::string backend = "auto";       // distributed.backend: auto (NCCL on CUDA) | gloo | nccl
+  bool use_cuda = false;              // training on CUDA (decides what `auto` means)
+  double rendezvous_timeout_s = 900;  // distributed.rendezvous_timeout_s: wait for all to join
+  double timeout_s = 1800;            // distributed.timeout_s: any one collective
+};
+
+enum class Reduce { kSum, kMin, kMax };
+
+// A collective in flight. wait() blocks until it is done and throws DistributedError when it
+// failed; waiting again is a no-op. A default-constructed AsyncWork is already done.
+class AsyncWork {
+ public:
+  AsyncWork();
+  ~AsyncWork();
+  AsyncWork(AsyncWork&&) noexcept;
+  AsyncWork& operator=(AsyncWork&&) noexcept;
+
+  void wait();
+  bool pending() const;  // launched and not yet waited for
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+class ProcessGroup {
+ public:
+  // Validates the options (ConfigError naming the distributed.* field), then, for world_size > 1,
+  // meets the others: the chief listens on chief_port and waits until every rank has joined;
+  // the others connect to chief_host:chief_port, retrying until rendezvous_timeout_s. Failing
+  // that is a DistributedError naming "the chief at host:port" (on a worker) or the ranks that
+  // never came (on the chief). A stop signal while waiting throws Interrupted.
+  static std::unique_ptr<ProcessGroup> connect(const DistOptions& options);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  std::string backend() const;  // "gloo" or "nccl" as resolved; "local" for world_size 1
+
+  // In place, blocking: every tensor becomes the element-wise sum over ranks. Any dtype, layout
+  // and shape; tensors of a dtype and device travel together as flat buffers.
+  void all_reduce_sum(const std::vector<torch::Tensor>& tensors);
+
+  // In place, non-blocking: `flat` (dense, contiguous, of a dtype Gloo reduces: float, double,
+  // half, int8/32/64, uint8) becomes the sum over ranks once wait() returns. Do not touch it
+  // before then.
+  AsyncWork all_reduce_sum_async(const torch::Tensor& flat);
+
+  // In place, blocking: every tensor becomes root's value, bit for bit.
+  void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
+
+  int64_t all_reduce(int64_t value, Reduce op);
+  std::vector<int64_t> all_reduce(const std::vector<int64_t>& values, Reduce op);  // each entry
+  int64_t all_reduce_min(int64_t value) { return all_reduce(value, Reduce::kMin); }
+  int64_t all_reduce_max(int64_t value) { return all_reduce(value, Reduce::kMax); }
+
+  // Every rank's string, in rank order (any bytes, any lengths).
+  std::vector<std::string> all_gather_strings(const std::string& mine);
+
+  void barrier();
+
+  struct Impl;  // defined in process_group.cpp
+
+ private:
+  explicit ProcessGroup(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace trainer::dist

@@ -1,0 +1,276 @@
+// Meeting at the chief: rank 0 hosts the c10d TCPStore on its TF_CONFIG port and waits until
+// every rank has joined; the others probe the chief's address until it listens, then connect.
+// Then every rank creates its Gloo (and, for CUDA training in CUDA builds, NCCL) group.
+#include <netdb.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "trainer/dist/group_impl.h"
+#include "trainer/util/error.h"
+#include "trainer/util/signals.h"
+
+namespace trainer::dist {
+
+namespace {
+
+using detail::address;
+using detail::Clock;
+using detail::plain_message;
+using detail::seconds_text;
+using detail::to_ms;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPoll{20};                    // rendezvous polling
+constexpr milliseconds kConnectAttempt{5000};        // one connection attempt to the chief
+constexpr milliseconds kProbeBackoff{1000};          // longest pause between probes
+constexpr std::chrono::seconds kReportEvery{30};     // "still waiting" log lines
+const char* const kJoinedKey = "trainer/joined";     // count of ranks that joined
+const char* const kReadyKey = "trainer/ready";       // set by the chief once all joined
+const char* const kWorldKey = "trainer/world_size";  // the chief's world size
+
+// Whether a TCP connection to host:port opens within `timeout`; else `error` says why. Quiet,
+// unlike c10d's own connect, which logs an error line for every failed attempt.
+bool port_open(const std::string& host, int port, milliseconds timeout, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0) {
+    error = "cannot resolve '" + host + "': " + ::gai_strerror(rc);
+    return false;
+  }
+  bool open = false;
+  for (addrinfo* a = found; a != nullptr && !open; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int err = 0;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const int ready = ::poll(&p, 1, static_cast<int>(timeout.count()));
+        if (ready == 1) {
+          socklen_t len = sizeof(err);
+          if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        } else {
+          err = ready == 0 ? ETIMEDOUT : errno;
+        }
+      }
+    }
+    ::close(fd);
+    if (err == 0) {
+      open = true;
+    } else {
+      error = std::strerror(err);
+    }
+  }
+  ::freeaddrinfo(found);
+  return open;
+}
+
+void check_stop(const std::string& where) {
+  if (util::stop_requested()) {
+    throw Interrupted("stopped by signal " + std::to_string(util::stop_signal()) + " " + where);
+  }
+}
+
+}  // namespace
+
+void ProcessGroup::Impl::announce(const std::string& chief) {
+  const std::string r = std::to_string(opts.rank);
+  const std::string n = std::to_string(opts.world_size);
+  if (opts.rank == 0) {
+    store->set(kWorldKey, std::vector<uint8_t>(n.begin(), n.end()));
+  } else {
+    const auto theirs = store->get(kWorldKey);
+    const std::string chief_n(theirs.begin(), theirs.end());
+    if (chief_n != n) {
+      throw ConfigError("rendezvous: this task's TF_CONFIG gives a world of " + n +
+                        " training tasks, but the chief at " + chief + " counts " + chief_n +
+                        ": every task must be started with the same cluster");
+    }
+  }
+  if (store->add("trainer/rank/" + r, 1) > 1) {
+    throw ConfigError("rendezvous: rank " + r + " has already joined the chief at " + chief +
+                      " from another process: two tasks have the same TF_CONFIG task type and "
+                      "index");
+  }
+  store->add(kJoinedKey, 1);
+}
+
+void ProcessGroup::Impl::rendezvous() {
+  const auto deadline = Clock::now() + to_ms(opts.rendezvous_timeout_s);
+  const std::string chief = address(opts.chief_host, opts.chief_port);
+  const std::string limit =
+      "distributed.rendezvous_timeout_s = " + seconds_text(opts.rendezvous_timeout_s) + " s";
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(opts.chief_port);
+  so.waitWorkers = false;
+  if (opts.rank == 0) {
+    so.isServer = true;
+    so.timeout = to_ms(opts.rendezvous_timeout_s);
+    try {
+      // The store listens on every interface; the chief itself talks to it over loopback, so a
+      // TF_CONFIG name that does not route back to this machine does not matter here.
+      store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+      announce(chief);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("rendezvous: the chief (rank 0) could not listen on port " +
+                             std::to_string(opts.chief_port) + " (its TF_CONFIG address " + chief +
+                             "; is another process using that port?): " + plain_message(e));
+    }
+    auto next_report = Clock::now() + kReportEvery;
+    while (true) {
+      check_stop("while the chief waited for the others to join");
+      int64_t joined = 0;
+      try {
+        joined = store->add(kJoinedKey, 0);
+      } catch (const std::exception& e) {
+        throw DistributedError("rendezvous: the chief's own store failed: " + plain_message(e));
+      }
+      if (joined >= opts.world_size) break;
+      if (Clock::now() >= next_report) {
+        spdlog::info("rendezvous: {} of {} tasks joined the chief on port {}; waiting", joined,
+                     opts.world_size, opts.chief_port);
+        next_report += kReportEvery;
+      }
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        for (int r = 1; r < opts.world_size; ++r) {
+          if (!store->check({"trainer/rank/" + std::to_string(r)})) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          }
+        }
+        throw DistributedError("rendezvous: the chief at " + chief + " waited " + limit +
+                               ", but only " + std::to_string(joined) + " of " +
+                               std::to_string(opts.world_size) +
+                               " tasks joined; missing ranks: " + missing +
+                               " (are they running, with this chief address in TF_CONFIG?)");
+      }
+      std::this_thread::sleep_for(kPoll);
+    }
+    store->set(kReadyKey, std::vector<uint8_t>{'1'});
+  } else {
+    so.isServer = false;
+    std::string last_error = "none";
+    auto backoff = milliseconds(50);
+    auto next_report = Clock::now() + kReportEvery;
+    while (true) {
+      check_stop("while waiting for the chief at " + chief);
+      const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (remaining.count() <= 0) {
+        throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
+                               " could not reach the chief at " + chief + " within " + limit +
+                               " (is the chief running, and can this machine reach that "
+                               "address?); last error: " +
+                               last_error);
+      }
+      if (Clock::now() >= next_report) {
+        spdlog::info("rendezvous: still waiting for the chief at {} ({})", chief, last_error);
+        next_report += kReportEvery;
+      }
+      // Cluster machines start minutes apart: probe quietly until the chief listens.
+      if (port_open(opts.chief_host, opts.chief_port, std::min(remaining, kProbeBackoff),
+                    last_error)) {
+        so.timeout = std::min(remaining, kConnectAttempt);
+        try {
+          store = c10::make_intrusive<c10d::TCPStore>(opts.chief_host, so);
+          break;
+        } catch (const std::exception& e) {
+          last_error = plain_message(e);
+        }
+      }
+      std::this_thread::sleep_for(std::min(remaining, backoff));
+      backoff = std::min(backoff * 2, kProbeBackoff);
+    }
+    try {
+      store->setTimeout(std::max(
+          milliseconds(1000), std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
+      announce(chief);
+      while (!store->check({kReadyKey})) {
+        check_stop("while waiting at the chief for the others to join");
+        if (Clock::now() >= deadline) {
+          throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
+                                 " reached the chief at " + chief + ", but only " +
+                                 std::to_string(store->add(kJoinedKey, 0)) + " of " +
+                                 std::to_string(opts.world_size) + " tasks joined within " + limit);
+        }
+        std::this_thread::sleep_for(kPoll);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
+                             " lost the chief at " + chief +
+                             " while waiting for the others: " + plain_message(e));
+    }
+  }
+  store->setTimeout(to_ms(opts.timeout_s));
+  make_backends();
+}
+
+void ProcessGroup::Impl::make_backends() {
+  std::shared_ptr<::gloo::transport::Device> device;
+  const std::string bind =
+      !opts.interface.empty() ? "network interface '" + opts.interface + "' (distributed.interface)"
+                              : "host '" + opts.own_host + "' (this task's TF_CONFIG address)";
+  try {
+    if (!opts.interface.empty()) {
+      device = c10d::ProcessGroupGloo::createDeviceForInterface(opts.interface);
+    } else if (!opts.own_host.empty()) {
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(opts.own_host);
+    } else {
+      device = c10d::ProcessGroupGloo::createDefaultDevice();
+    }
+  } catch (const std::exception& e) {
+    throw DistributedError("rendezvous: Gloo cannot bind to " + bind +
+                           "; set distributed.interface to the network interface of this "
+                           "machine that the others can reach (e.g. eth0): " +
+                           plain_message(e));
+  }
+  const std::string r = std::to_string(opts.rank);
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(to_ms(opts.timeout_s));
+    gloo_options->devices.push_back(device);
+    cpu = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gloo", store), opts.rank, opts.world_size,
+        gloo_options);
+  } catch (const std::exception& e) {
+    throw DistributedError("rendezvous: rank " + r + " could not connect Gloo (bound to " + bind +
+                           ") to every peer: " + plain_message(e));
+  }
+#ifdef TRAINER_WITH_CUDA
+  if (backend_name == "nccl") {
+    // Without blocking wait, NCCL would never time out (or abort the process); with it, wait()
+    // throws after the timeout, which becomes a DistributedError like Gloo's.
+    ::setenv("NCCL_BLOCKING_WAIT", "1", 0);
+    ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+    try {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = to_ms(opts.timeout_s);
+      cuda = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", store), opts.rank, opts.world_size,
+          nccl_options);
+    } catch (const std::exception& e) {
+      throw DistributedError("rendezvous: rank " + r +
+                             " could not create the NCCL group: " + plain_message(e));
+    }
+  }
+#endif
+}
+
+}  // namespace trainer::dist
