@@ -2,18 +2,19 @@
 // subcommand and calls its run_x(); the one place that maps error kinds to exit codes.
 // `train` is the default subcommand, so `trainer --config F --epochs 5 --job-dir D` works as in
 // the TensorFlow multi-worker tutorial.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "trainer/cluster/launcher.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/train/commands.h"
 #include "trainer/util/error.h"
@@ -23,8 +24,8 @@ namespace {
 
 using namespace trainer;
 
-const std::set<std::string> kSubcommands = {"train", "make-dataset", "predict", "evaluate",
-                                            "inspect"};
+const std::set<std::string> kSubcommands = {"train",    "make-dataset", "predict",
+                                            "evaluate", "inspect",      "launch"};
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
   cmd->add_option("--set", *overrides,
@@ -35,13 +36,15 @@ void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"trainer: synchronous data-parallel training of image classifiers (ResNet)\n"
-               "The same binary runs on every node; TF_CONFIG tells each process its role.",
-               "trainer"};
+  CLI::App app{
+      "trainer: synchronous data-parallel training of image classifiers (ResNet)\n"
+      "The same binary runs on every node; TF_CONFIG tells each process its role.",
+      "trainer"};
   app.set_version_flag("--version", std::string("trainer ") + TRAINER_VERSION);
   app.require_subcommand(1);
-  app.footer("Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n"
-             "Exit codes: 0 ok, 2 usage/config/cluster spec, 3 data, 4 distributed, 143 SIGTERM.");
+  app.footer(
+      "Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n"
+      "Exit codes: 0 ok, 2 usage/config/cluster spec, 3 data, 4 distributed, 143 SIGTERM.");
 
   train::TrainOptions train_opts;
   auto* train_cmd = app.add_subcommand("train", "Train a model (the default subcommand)");
@@ -61,8 +64,9 @@ int run(int argc, char** argv) {
       "make-dataset", "Write a synthetic, learnable Cassava-like JPEG dataset (ImageFolder)");
   make_cmd->add_option("--out", make_opts.out_dir, "Output directory")->required();
   make_cmd->add_option("--classes", make_opts.classes, "Number of classes")->capture_default_str();
-  make_cmd->add_option("--per-class", make_opts.per_class,
-                       "Images per class in the first split (later splits: a quarter)")
+  make_cmd
+      ->add_option("--per-class", make_opts.per_class,
+                   "Images per class in the first split (later splits: a quarter)")
       ->capture_default_str();
   make_cmd->add_option("--image-size", make_opts.image_size, "Image side in pixels")
       ->capture_default_str();
@@ -99,6 +103,24 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   add_set_option(inspect_cmd, &inspect_opts.overrides);
 
+  cluster::LaunchOptions launch_opts;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "Run a local cluster: N processes on 127.0.0.1, each with its own TF_CONFIG");
+  launch_cmd->add_option("--workers", launch_opts.workers, "Worker processes (1..64)")
+      ->capture_default_str();
+  launch_cmd->add_flag("--chief", launch_opts.chief, "Also start a chief task (rank 0)");
+  launch_cmd
+      ->add_option("--base-port", launch_opts.base_port,
+                   "First port (chief, then workers); 0 = pick free ports")
+      ->capture_default_str();
+  launch_cmd->add_option("args", launch_opts.args, "Arguments every process gets, after `--`")
+      ->type_name("-- TRAIN_ARGS");
+  launch_cmd->positionals_at_end();
+  launch_cmd->footer(
+      "Example: trainer launch --workers 2 --chief -- --config job.yaml --job-dir DIR\n"
+      "Output lines are prefixed [chief], [worker i]; SIGINT/SIGTERM are forwarded; when one\n"
+      "process fails the others are stopped and its exit code is returned.");
+
   // `train` is the default subcommand.
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && !kSubcommands.count(args[0]) && args[0] != "--help" && args[0] != "-h" &&
@@ -133,6 +155,7 @@ int run(int argc, char** argv) {
   if (*predict_cmd) return train::run_predict(predict_opts, std::cout);
   if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
   if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
+  if (*launch_cmd) return cluster::run_launch(launch_opts);
   return exit_code(ErrorKind::kUsage);
 }
 

@@ -47,9 +47,8 @@ class TempDir {
  public:
   explicit TempDir(const std::string& tag) {
     static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("trainer-it-" + tag + "-" + std::to_string(::getpid()) + "-" +
-             std::to_string(counter++));
+    path_ = fs::temp_directory_path() / ("trainer-it-" + tag + "-" + std::to_string(::getpid()) +
+                                         "-" + std::to_string(counter++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -96,10 +95,10 @@ inline std::vector<nlohmann::json> read_metrics(const fs::path& path) {
 // Writes a small synthetic ImageFolder dataset with the real make-dataset subcommand.
 inline void make_dataset(const fs::path& cwd, const std::string& out, int per_class, int size,
                          int classes = 5, int seed = 0) {
-  const Result r = run_trainer(cwd, "make-dataset --out " + out + " --per-class " +
-                                        std::to_string(per_class) + " --image-size " +
-                                        std::to_string(size) + " --classes " +
-                                        std::to_string(classes) + " --seed " + std::to_string(seed));
+  const Result r =
+      run_trainer(cwd, "make-dataset --out " + out + " --per-class " + std::to_string(per_class) +
+                           " --image-size " + std::to_string(size) + " --classes " +
+                           std::to_string(classes) + " --seed " + std::to_string(seed));
   if (r.code != 0) throw std::runtime_error("make-dataset failed: " + r.err);
 }
 

@@ -32,7 +32,7 @@ TEST_CASE("every subcommand has --help", "[cli]") {
 
 TEST_CASE("usage errors exit 2", "[cli]") {
   TempDir dir("usage");
-  CHECK(run_trainer(dir.path(), "").code == 2);                        // no subcommand
+  CHECK(run_trainer(dir.path(), "").code == 2);  // no subcommand
   CHECK(run_trainer(dir.path(), "train --bogus-flag --job-dir j").code == 2);
   const Result no_job_dir = run_trainer(dir.path(), "train");
   CHECK(no_job_dir.code == 2);
@@ -83,7 +83,10 @@ TEST_CASE("data errors exit 3 and name the file", "[cli]") {
   // A truncated JPEG under on_corrupt: fail.
   fs::path victim;
   for (const auto& e : fs::recursive_directory_iterator(dir / "data" / "train")) {
-    if (e.path().extension() == ".jpg") { victim = e.path(); break; }
+    if (e.path().extension() == ".jpg") {
+      victim = e.path();
+      break;
+    }
   }
   REQUIRE(!victim.empty());
   fs::resize_file(victim, fs::file_size(victim) / 2);
@@ -128,8 +131,8 @@ TEST_CASE("SIGTERM stops training with 143 after writing a checkpoint", "[cli][s
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     // Only the trainer process itself (its command line starts with the binary), not the shell.
-    std::system(("pkill -TERM -f " + quote("^" + std::string(TRAINER_BIN) + " .*" + job.string()))
-                    .c_str());
+    std::system(
+        ("pkill -TERM -f " + quote("^" + std::string(TRAINER_BIN) + " .*" + job.string())).c_str());
   });
   const Result r = run_trainer(dir.path(), "--config job.yaml --job-dir " + job.string());
   killer.join();

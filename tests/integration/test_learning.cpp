@@ -9,7 +9,8 @@
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
 
-TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agree with it", "[learning]") {
+TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agree with it",
+          "[learning]") {
   TempDir dir("learn");
   make_dataset(dir.path(), "data", 40, 32);
   write_text(dir / "job.yaml", tiny_job_yaml(3));
@@ -19,7 +20,8 @@ TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agr
   CHECK_THAT(train.out, Contains("model: job/model"));
 
   // The job dir holds what the README promises.
-  for (const char* p : {"job.yaml", "metrics.jsonl", "model/model.safetensors", "model/model.json"}) {
+  for (const char* p :
+       {"job.yaml", "metrics.jsonl", "model/model.safetensors", "model/model.json"}) {
     CHECK(fs::exists(dir / "job" / p));
   }
   double final_val = -1;

@@ -11,8 +11,9 @@ TEST_CASE("README holds the two set-up commands and the current field reference"
   const std::string readme = slurp(fs::path(TRAINER_SOURCE_DIR) / "README.md");
   CHECK_THAT(readme, Contains("bash scripts/install-deps.sh && bash scripts/build.sh && bash "
                               "scripts/run-quickstart.sh"));
-  CHECK_THAT(readme,
-             Contains("bash scripts/install-deps.sh && bash scripts/build.sh && bash scripts/test.sh"));
+  CHECK_THAT(
+      readme,
+      Contains("bash scripts/install-deps.sh && bash scripts/build.sh && bash scripts/test.sh"));
   CHECK_THAT(slurp(fs::path(TRAINER_SOURCE_DIR) / ".ci" / "run"), Contains("README.md"));
 
   TempDir dir("readme");

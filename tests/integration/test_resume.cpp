@@ -25,8 +25,9 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
   make_dataset(dir.path(), "data", 6, 32);  // 30 images: 3 steps per epoch
   write_text(dir / "job.yaml", tiny_job_yaml(2) + "\n");
   // Augmentation on, so the data-order and augmentation state must resume too.
-  const std::string common = "--config job.yaml --set data.augment.horizontal_flip=true "
-                             "--set data.augment.random_resized_crop=true";
+  const std::string common =
+      "--config job.yaml --set data.augment.horizontal_flip=true "
+      "--set data.augment.random_resized_crop=true";
 
   const Result full = run_trainer(dir.path(), common + " --job-dir full");
   INFO(full.err);
@@ -50,7 +51,8 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
   CHECK(step_records == 6);
 
   SECTION("a truncated newest checkpoint is skipped") {
-    const Result again = run_trainer(dir.path(), common + " --job-dir trunc --set train.max_steps=3");
+    const Result again =
+        run_trainer(dir.path(), common + " --job-dir trunc --set train.max_steps=3");
     REQUIRE(again.code == 0);
     const fs::path ckpt = newest_checkpoint(dir / "trunc");
     fs::resize_file(ckpt / "model.safetensors", fs::file_size(ckpt / "model.safetensors") / 2);
@@ -73,7 +75,8 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
   }
 
   SECTION("a different job in the same dir is refused unless --overwrite") {
-    const Result other = run_trainer(dir.path(), common + " --job-dir full --set train.optimizer.name=sgd");
+    const Result other =
+        run_trainer(dir.path(), common + " --job-dir full --set train.optimizer.name=sgd");
     CHECK(other.code == 2);
     CHECK_THAT(other.err, Contains("train.optimizer.name"));
     CHECK(weights(dir / "full") == weights(dir / "split"));  // nothing lost

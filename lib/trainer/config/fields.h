@@ -80,6 +80,9 @@ void visit(DataSpec& s, V& v) {
     Field("batches decoded ahead of the model").at_least(1));
   v("on_corrupt", s.on_corrupt,
     Field("on an undecodable image; skip = count, log and go on").one_of({"fail", "skip"}));
+  v("shard_policy", s.shard_policy,
+    Field("how workers split the data (auto = file if enough even files, else data)")
+        .one_of({"auto", "file", "data", "off"}));
 }
 
 template <class V>
@@ -128,6 +131,8 @@ void visit(TrainSpec& s, V& v) {
   v("seed", s.seed, Field("model initialisation seed"));
   v("max_steps", s.max_steps,
     Field("stop after this many steps (smoke runs); 0 = no limit").at_least(0));
+  v("scale_lr", s.scale_lr,
+    Field("linear = learning rate x number of replicas").one_of({"off", "linear"}));
 }
 
 template <class V>
@@ -138,8 +143,20 @@ void visit(CheckpointSpec& s, V& v) {
 }
 
 template <class V>
+void visit(DistributedSpec& s, V& v) {
+  v("backend", s.backend,
+    Field("collectives (auto = nccl on cuda, else gloo)").one_of({"auto", "gloo", "nccl"}));
+  v("rendezvous_timeout_s", s.rendezvous_timeout_s,
+    Field("seconds workers wait for the chief at start").above(0));
+  v("timeout_s", s.timeout_s, Field("seconds before a collective fails (exit 4)").above(0));
+  v("bucket_mb", s.bucket_mb, Field("gradient all-reduce bucket size in MB").above(0));
+  v("interface", s.interface, Field("network interface for Gloo (\"\" = this task's host)"));
+}
+
+template <class V>
 void visit(LoggingSpec& s, V& v) {
-  v("every_steps", s.every_steps, Field("log line / metrics record every N steps").at_least(1));
+  v("every_steps", s.every_steps,
+    Field("plain log line every N steps (metrics.jsonl gets every step)").at_least(1));
   v("level", s.level, Field("log level").one_of({"trace", "debug", "info", "warn", "error"}));
 }
 
@@ -149,6 +166,7 @@ void visit(JobSpec& s, V& v) {
   v.section("data", s.data, "where the examples come from and how they are prepared");
   v.section("train", s.train, "the training loop");
   v.section("checkpoint", s.checkpoint, "checkpoints (written by the chief)");
+  v.section("distributed", s.distributed, "multi-worker training (TF_CONFIG)");
   v.section("logging", s.logging, "log lines and metrics");
 }
 

@@ -16,52 +16,53 @@ namespace trainer::config {
 
 // One place examples are listed from (data.train, data.validation).
 struct SourceSpec {
-  std::string format = "imagefolder";   // imagefolder | csv
-  std::string path;                     // imagefolder: dir with one sub-dir per class;
-                                        // csv: the manifest file. Empty = no such source.
+  std::string format = "imagefolder";     // imagefolder | csv
+  std::string path;                       // imagefolder: dir with one sub-dir per class;
+                                          // csv: the manifest file. Empty = no such source.
   std::string image_column = "image_id";  // csv: column holding the image path (relative)
   std::string label_column = "label";     // csv: column holding the label (index or name)
-  std::string image_root;               // csv: dir the image paths are relative to
-                                        // (default: the manifest's directory)
+  std::string image_root;                 // csv: dir the image paths are relative to
+                                          // (default: the manifest's directory)
   bool enabled() const { return !path.empty(); }
 };
 
 struct ModelSpec {
-  std::string arch = "resnet50";   // resnet18 | resnet34 | resnet50 | resnet101 | resnet152
-  int num_classes = 0;             // 0 (written `auto`) = number of classes in the data
-  int head_hidden = 0;             // 0 = torchvision's single `fc`; N = fc.0 Linear(N) + ReLU +
-                                   // fc.2 Linear(classes), the tutorial's Dense(N, relu) head
-  std::string pretrained;          // torchvision-layout .safetensors to start from ("" = none)
-  bool freeze_backbone = false;    // train only the classifier (`fc*`)
-  bool freeze_batchnorm = false;   // BN layers stay in eval mode, statistics fixed
+  std::string arch = "resnet50";  // resnet18 | resnet34 | resnet50 | resnet101 | resnet152
+  int num_classes = 0;            // 0 (written `auto`) = number of classes in the data
+  int head_hidden = 0;            // 0 = torchvision's single `fc`; N = fc.0 Linear(N) + ReLU +
+                                  // fc.2 Linear(classes), the tutorial's Dense(N, relu) head
+  std::string pretrained;         // torchvision-layout .safetensors to start from ("" = none)
+  bool freeze_backbone = false;   // train only the classifier (`fc*`)
+  bool freeze_batchnorm = false;  // BN layers stay in eval mode, statistics fixed
 };
 
 struct AugmentSpec {
-  bool horizontal_flip = false;        // flip left-right with probability 0.5
-  bool random_resized_crop = false;    // torchvision RandomResizedCrop(image_size)
-  double crop_scale_min = 0.08;        // smallest crop area fraction (torchvision: 0.08)
+  bool horizontal_flip = false;      // flip left-right with probability 0.5
+  bool random_resized_crop = false;  // torchvision RandomResizedCrop(image_size)
+  double crop_scale_min = 0.08;      // smallest crop area fraction (torchvision: 0.08)
 };
 
 struct DataSpec {
-  SourceSpec train;                    // required
-  SourceSpec validation;               // optional (path "" = no validation)
+  SourceSpec train;                      // required
+  SourceSpec validation;                 // optional (path "" = no validation)
   std::vector<std::string> class_names;  // optional; default: from the train source
-  int image_size = 224;                // square side images are resized to (tutorial: 300)
-  std::string normalize = "imagenet";  // unit (x/255, as the tutorial) | imagenet (mean/std)
+  int image_size = 224;                  // square side images are resized to (tutorial: 300)
+  std::string normalize = "imagenet";    // unit (x/255, as the tutorial) | imagenet (mean/std)
   AugmentSpec augment;
-  bool shuffle = true;                 // reshuffle the training examples every epoch
-  int64_t seed = 0;                    // data order and augmentation seed
-  int num_workers = 2;                 // decode threads
-  int prefetch_batches = 2;            // batches decoded ahead of the model
-  std::string on_corrupt = "fail";     // fail | skip (counted and logged)
+  bool shuffle = true;                // reshuffle the training examples every epoch
+  int64_t seed = 0;                   // data order and augmentation seed
+  int num_workers = 2;                // decode threads
+  int prefetch_batches = 2;           // batches decoded ahead of the model
+  std::string on_corrupt = "fail";    // fail | skip (counted and logged)
+  std::string shard_policy = "auto";  // auto | file | data | off (multi-worker sharding)
 };
 
 struct OptimizerSpec {
-  std::string name = "adam";     // adam | adamw | sgd
-  double learning_rate = 1e-4;   // base learning rate (tutorial: Adam 1e-4)
-  double momentum = 0.9;         // sgd only
-  double weight_decay = 0.0;     // L2 (adam, sgd) or decoupled (adamw)
-  bool nesterov = false;         // sgd only
+  std::string name = "adam";    // adam | adamw | sgd
+  double learning_rate = 1e-4;  // base learning rate (tutorial: Adam 1e-4)
+  double momentum = 0.9;        // sgd only
+  double weight_decay = 0.0;    // L2 (adam, sgd) or decoupled (adamw)
+  bool nesterov = false;        // sgd only
 };
 
 struct LrScheduleSpec {
@@ -74,16 +75,17 @@ struct LrScheduleSpec {
 
 struct TrainSpec {
   int epochs = 5;
-  int per_replica_batch_size = 64;   // global batch = this x number of replicas
+  int per_replica_batch_size = 64;  // global batch = this x number of replicas
   OptimizerSpec optimizer;
   LrScheduleSpec lr_schedule;
-  double label_smoothing = 0.0;      // in [0, 1)
-  std::string precision = "fp32";    // fp32 | bf16 (autocast)
-  bool channels_last = false;        // NHWC memory format for the convolutions
-  int threads = 0;                   // intra-op threads; 0 = all cores of this machine
-  std::string device = "auto";       // auto | cpu | cuda
-  int64_t seed = 42;                 // model initialisation seed
-  int64_t max_steps = 0;             // 0 = no limit; stop after this many steps (smoke runs)
+  double label_smoothing = 0.0;    // in [0, 1)
+  std::string precision = "fp32";  // fp32 | bf16 (autocast)
+  bool channels_last = false;      // NHWC memory format for the convolutions
+  int threads = 0;                 // intra-op threads; 0 = all cores of this machine
+  std::string device = "auto";     // auto | cpu | cuda
+  int64_t seed = 42;               // model initialisation seed
+  int64_t max_steps = 0;           // 0 = no limit; stop after this many steps (smoke runs)
+  std::string scale_lr = "off";    // off | linear (learning rate x number of replicas)
 };
 
 struct CheckpointSpec {
@@ -91,9 +93,17 @@ struct CheckpointSpec {
   int keep = 3;          // newest checkpoints kept
 };
 
+struct DistributedSpec {
+  std::string backend = "auto";       // auto (nccl on cuda, else gloo) | gloo | nccl
+  double rendezvous_timeout_s = 900;  // how long workers wait for the chief at start
+  double timeout_s = 1800;            // a collective that takes longer is an error (exit 4)
+  double bucket_mb = 25;              // gradient all-reduce bucket size
+  std::string interface;              // network interface for Gloo ("" = this task's host)
+};
+
 struct LoggingSpec {
-  int every_steps = 10;          // plain log line / metrics record every N steps
-  std::string level = "info";    // trace | debug | info | warn | error
+  int every_steps = 10;        // plain log line / metrics record every N steps
+  std::string level = "info";  // trace | debug | info | warn | error
 };
 
 struct JobSpec {
@@ -101,6 +111,7 @@ struct JobSpec {
   DataSpec data;
   TrainSpec train;
   CheckpointSpec checkpoint;
+  DistributedSpec distributed;
   LoggingSpec logging;
 };
 
@@ -140,7 +151,8 @@ std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec&
                                                 const std::vector<std::string>& ignored_prefixes);
 
 // The fields that may change between runs of the same job (resume still applies).
-const std::vector<std::string>& resumable_changes();  // {"train.epochs", "train.max_steps", "logging."}
+const std::vector<std::string>&
+resumable_changes();  // {"train.epochs", "train.max_steps", "logging."}
 
 // Hex digest of flatten(spec) (stable across runs and machines).
 std::string fingerprint(const JobSpec& spec);

@@ -141,6 +141,13 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
       fs::remove_all(dir, ec);
     }
   }
+  // Temp dirs left by saves that crashed half-way are never read; clear them.
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPrefix, 0) == 0 && name.find(".tmp-") != std::string::npos) {
+      fs::remove_all(entry.path(), ec);
+    }
+  }
   return final_dir;
 }
 

@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
 #include <fmt/format.h>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "trainer/cluster/cluster_spec.h"
@@ -30,46 +30,50 @@ namespace {
 
 config::JobSpec resolve_spec(const std::string& path, std::vector<std::string> overrides,
                              int epochs) {
-  if (epochs < 0) throw UsageError("--epochs: expected a positive number, got " + std::to_string(epochs));
+  if (epochs < 0)
+    throw UsageError("--epochs: expected a positive number, got " + std::to_string(epochs));
   if (epochs > 0) overrides.push_back("train.epochs=" + std::to_string(epochs));
   return config::load_job_spec(path, overrides);
 }
 
 // Checks that the job dir holds this job (or none) and records the spec; returns the checkpoint
-// to resume from. A different job is an error unless --overwrite, which clears its outputs.
+// to resume from. A different job (in job.yaml or in its checkpoints) is an error unless
+// --overwrite, which clears that job's outputs first. Nothing is written before the checks pass.
 std::optional<CheckpointInfo> claim_job_dir(const cluster::JobDir& dir, const config::JobSpec& spec,
                                             bool overwrite) {
   if (!dir.is_chief()) return latest_checkpoint(dir.checkpoints_dir());
+  std::optional<std::string> conflict;
   if (fs::exists(dir.job_yaml())) {
-    std::optional<config::FieldDifference> diff;
     try {
       const config::JobSpec previous = config::load_job_spec(dir.job_yaml().string(), {});
-      diff = config::first_difference(previous, spec, config::resumable_changes());
-    } catch (const ConfigError& e) {
-      diff = config::FieldDifference{"job.yaml", "unreadable", e.what()};
-    }
-    if (diff && !overwrite) {
-      throw ConfigError(fmt::format(
-          "--job-dir '{}' holds a different job: {} is {} there but {} here; use a new "
-          "--job-dir, or --overwrite to discard that job's checkpoints, metrics and model",
-          dir.root().string(), diff->field, diff->left, diff->right));
-    }
-    if (diff) {
-      spdlog::warn("--overwrite: discarding the previous job in {} ({} was {})",
-                   dir.root().string(), diff->field, diff->left);
-      for (const fs::path& p : {dir.checkpoints_dir(), dir.model_dir(), dir.metrics_file()}) {
-        fs::remove_all(p);
+      if (auto diff = config::first_difference(previous, spec, config::resumable_changes())) {
+        conflict = fmt::format("{} is {} there but {} here", diff->field, diff->left, diff->right);
       }
-      fs::create_directories(dir.checkpoints_dir());
+    } catch (const ConfigError& e) {
+      conflict = fmt::format("its job.yaml does not parse ({})", e.what());
     }
+  }
+  auto latest = latest_checkpoint(dir.checkpoints_dir());
+  if (!conflict && latest && latest->fingerprint != job_identity(spec)) {
+    conflict = "its checkpoint " + latest->dir.filename().string() +
+               " was written by a different job spec";
+  }
+  if (conflict && !overwrite) {
+    throw ConfigError(fmt::format(
+        "--job-dir '{}' holds a different job: {}; use a new --job-dir, or --overwrite to discard "
+        "that job's checkpoints, metrics and model",
+        dir.root().string(), *conflict));
+  }
+  if (conflict) {
+    spdlog::warn("--overwrite: discarding the previous job in {} ({})", dir.root().string(),
+                 *conflict);
+    for (const fs::path& p : {dir.checkpoints_dir(), dir.model_dir(), dir.metrics_file()}) {
+      fs::remove_all(p);
+    }
+    fs::create_directories(dir.checkpoints_dir());
+    latest.reset();
   }
   util::write_file_atomic(dir.job_yaml(), config::to_yaml(spec));
-  auto latest = latest_checkpoint(dir.checkpoints_dir());
-  if (latest && latest->fingerprint != job_identity(spec)) {
-    throw ConfigError("--job-dir '" + dir.root().string() + "': checkpoint " +
-                      latest->dir.string() +
-                      " was written by a different job spec; use a new --job-dir or --overwrite");
-  }
   return latest;
 }
 
@@ -87,11 +91,17 @@ int run_train(const TrainOptions& options) {
                options.config.empty() ? "(defaults)" : options.config, job_dir.root().string());
 
   const auto resume = claim_job_dir(job_dir, spec, options.overwrite);
-  if (resume && (resume->position.epoch >= spec.train.epochs ||
-                 (spec.train.max_steps > 0 && resume->position.global_step >= spec.train.max_steps))) {
-    spdlog::info("{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
-                 "--epochs to train further)",
-                 job_dir.root().string(), resume->position.epoch, resume->position.global_step);
+  const bool finished =
+      resume &&
+      (resume->position.epoch >= spec.train.epochs ||
+       (spec.train.max_steps > 0 && resume->position.global_step >= spec.train.max_steps));
+  // A finished job is left alone, unless it stopped before exporting its model (then the export
+  // below runs from the checkpoint without training).
+  if (finished && (!job_dir.is_chief() || fs::exists(job_dir.model_dir() / "model.json"))) {
+    spdlog::info(
+        "{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
+        "--epochs to train further)",
+        job_dir.root().string(), resume->position.epoch, resume->position.global_step);
     if (job_dir.is_chief()) {
       std::printf("model: %s\n", job_dir.model_dir().string().c_str());
     }
@@ -137,7 +147,8 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   config::DataSpec data = spec.data;
   data.image_size = loaded.info.image_size;  // preprocess exactly as the model was trained
   data.normalize = loaded.info.normalize;
-  data::Loader loader(listing.examples, eval_loader_options(data, spec.train.per_replica_batch_size));
+  data::Loader loader(listing.examples,
+                      eval_loader_options(data, spec.train.per_replica_batch_size));
 
   ModelSettings settings;
   settings.device = resolve_device(spec.train.device);

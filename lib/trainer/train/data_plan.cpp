@@ -12,8 +12,8 @@ data::Listing list_split(const config::DataSpec& spec, const std::string& split,
   }
   const config::SourceSpec& source = split == "train" ? spec.train : spec.validation;
   if (!source.enabled()) {
-    throw ConfigError("data." + split + ".path: not set in the job spec, so there is no '" +
-                      split + "' data to read");
+    throw ConfigError("data." + split + ".path: not set in the job spec, so there is no '" + split +
+                      "' data to read");
   }
   return data::list_source(source, "data." + split, class_names);
 }
@@ -24,8 +24,8 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
   plan.class_names = plan.train.class_names;
   plan.num_classes = static_cast<int64_t>(plan.class_names.size());
   if (spec.model.num_classes != 0 && spec.model.num_classes != plan.num_classes) {
-    throw ConfigError("model.num_classes: " + std::to_string(spec.model.num_classes) +
-                      ", but " + plan.train.origin + " has " + std::to_string(plan.num_classes) +
+    throw ConfigError("model.num_classes: " + std::to_string(spec.model.num_classes) + ", but " +
+                      plan.train.origin + " has " + std::to_string(plan.num_classes) +
                       " classes (use `auto`)");
   }
   if (spec.data.validation.enabled()) {
@@ -35,9 +35,9 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
   plan.global_batch_size = batch * cluster.world_size;
   plan.steps_per_epoch = static_cast<int64_t>(plan.train.examples.size()) / batch;
   if (plan.steps_per_epoch == 0) {
-    throw ConfigError("train.per_replica_batch_size: " + std::to_string(batch) + " is more than the " +
-                      std::to_string(plan.train.examples.size()) + " examples of " +
-                      plan.train.origin + " (every step needs a full batch)");
+    throw ConfigError("train.per_replica_batch_size: " + std::to_string(batch) +
+                      " is more than the " + std::to_string(plan.train.examples.size()) +
+                      " examples of " + plan.train.origin + " (every step needs a full batch)");
   }
   return plan;
 }

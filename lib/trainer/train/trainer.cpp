@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <fmt/format.h>
+#include <chrono>
 #include <memory>
 
 #include "trainer/data/loader.h"
@@ -39,11 +39,10 @@ std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
 }
 
 void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::ClusterSpec& cl,
-              const ModelSettings& settings, int threads) {
+              const ModelSettings& settings, int threads, const model::ResNet& net) {
   spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
                spec.model.head_hidden > 0 ? fmt::format(", head {}", spec.model.head_hidden) : "",
-               model::count_parameters(*model::make_resnet(
-                   {spec.model.arch, plan.num_classes, spec.model.head_hidden})));
+               model::count_parameters(*net));
   spdlog::info("device {}, {} intra-op threads, precision {}{}", settings.device.str(), threads,
                spec.train.precision, settings.channels_last ? ", channels_last" : "");
   spdlog::info("data: {} training examples in {} classes [{}] from {}", plan.train.examples.size(),
@@ -73,7 +72,8 @@ std::string job_identity(const config::JobSpec& spec) {
 }
 
 TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
-                       const cluster::JobDir& job_dir, const std::optional<CheckpointInfo>& resume) {
+                       const cluster::JobDir& job_dir,
+                       const std::optional<CheckpointInfo>& resume) {
   // 1. Run-time: device, threads.
   ModelSettings settings;
   settings.device = resolve_device(spec.train.device);
@@ -83,7 +83,6 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
 
   // 2. Data.
   const DataPlan plan = plan_data(spec, cluster);
-  log_plan(spec, plan, cluster, settings, threads);
   data::Loader train_loader(plan.train.examples, train_loader_options(spec.data, spec.train));
   std::unique_ptr<data::Loader> val_loader;
   if (plan.validation) {
@@ -94,6 +93,7 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
 
   // 3. Model, optimizer, schedule.
   model::ResNet net = build_model(spec.model, plan.num_classes, spec.train.seed);
+  log_plan(spec, plan, cluster, settings, threads, net);
   place_model(net, settings);
   auto optimizer = make_optimizer(spec.train.optimizer, trainable_parameters(net));
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
@@ -107,7 +107,7 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
                  pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
   }
   MetricsLog metrics = job_dir.is_chief()
-                           ? MetricsLog(job_dir.metrics_file(), resume ? pos.global_step : -1)
+                           ? MetricsLog(job_dir.metrics_file(), resume ? pos.global_step : 0)
                            : MetricsLog();
   const std::string identity = job_identity(spec);
   auto checkpoint = [&](const TrainPosition& at) {
@@ -120,9 +120,11 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
   // 5. The loop.
   Progress progress(util::stderr_is_tty(), spec.logging.every_steps);
   TrainSummary summary;
+  summary.epochs_done = pos.epoch;
   const auto loss_options =
       torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(spec.train.label_smoothing);
-  bool stop = false;
+  // A resumed job may already be at train.max_steps (then only the export below runs).
+  bool stop = spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
   for (; pos.epoch < spec.train.epochs && !stop; ++pos.epoch, pos.batch_in_epoch = 0) {
     set_train_mode(net, spec.model);
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
@@ -134,32 +136,34 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
     auto step_start = Clock::now();
     while (auto batch = train_loader.next()) {
       if (batch->images.size(0) > 0) {
-        const double lr =
-            learning_rate_at(spec.train.lr_schedule, spec.train.optimizer.learning_rate,
-                             pos.global_step, shape);
+        const double lr = learning_rate_at(
+            spec.train.lr_schedule, spec.train.optimizer.learning_rate, pos.global_step, shape);
         set_learning_rate(*optimizer, lr);
         const torch::Tensor labels = batch->labels.to(settings.device);
         const torch::Tensor logits =
             forward_logits(net, prepare_input(batch->images, settings), settings);
-        const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels, loss_options);
+        const torch::Tensor loss =
+            torch::nn::functional::cross_entropy(logits, labels, loss_options);
         optimizer->zero_grad();
         loss.backward();
         optimizer->step();
 
         const int64_t n = labels.size(0);
         const double loss_v = loss.item<double>();
-        const double acc = logits.argmax(1).eq(labels).sum().item<double>() / static_cast<double>(n);
+        const double acc =
+            logits.argmax(1).eq(labels).sum().item<double>() / static_cast<double>(n);
         const auto now = Clock::now();
-        const double ips = static_cast<double>(n) / std::chrono::duration<double>(now - step_start).count();
+        const double ips =
+            static_cast<double>(n) / std::chrono::duration<double>(now - step_start).count();
         step_start = now;
         ips_ema = ips_ema == 0 ? ips : 0.8 * ips_ema + 0.2 * ips;
         loss_sum += loss_v * static_cast<double>(n);
         correct_sum += acc * static_cast<double>(n);
         seen += n;
         ++pos.global_step;
-        metrics.write(pos.global_step, pos.epoch + 1,
-                      {{"loss", loss_v}, {"accuracy", acc}, {"learning_rate", lr},
-                       {"images_per_sec", ips}});
+        metrics.write(
+            pos.global_step, pos.epoch + 1,
+            {{"loss", loss_v}, {"accuracy", acc}, {"learning_rate", lr}, {"images_per_sec", ips}});
         progress.step(batch->index + 1, loss_v, acc, lr, ips_ema);
       }
       pos.batch_in_epoch = batch->index + 1;
@@ -168,7 +172,8 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
         checkpoint(pos);
         throw Interrupted(fmt::format(
             "stopped by signal {} at step {}; the newest checkpoint holds this position: start the "
-            "same command again to resume", util::stop_signal(), pos.global_step));
+            "same command again to resume",
+            util::stop_signal(), pos.global_step));
       }
       if (spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps) {
         stop = true;
@@ -188,19 +193,19 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
       epoch_metrics["train_loss"] = loss_sum / static_cast<double>(seen);
       epoch_metrics["train_accuracy"] = correct_sum / static_cast<double>(seen);
     }
+    std::string line =
+        seen > 0 ? fmt::format("train loss {:.4f} acc {:.4f}", epoch_metrics.at("train_loss"),
+                               epoch_metrics.at("train_accuracy"))
+                 : std::string("no training steps this run");
     if (val_loader && (epoch_finished || stop)) {
       const EvalCounts val = evaluate(net, *val_loader, plan.num_classes, settings);
       epoch_metrics["val_loss"] = val.loss();
       epoch_metrics["val_accuracy"] = val.accuracy();
       summary.val_accuracy = val.accuracy();
-      spdlog::info("epoch {}/{}: train loss {:.4f} acc {:.4f}, validation loss {:.4f} acc {:.4f} "
-                   "({} examples)",
-                   pos.epoch + 1, spec.train.epochs, epoch_metrics["train_loss"],
-                   epoch_metrics["train_accuracy"], val.loss(), val.accuracy(), val.num_examples);
-    } else {
-      spdlog::info("epoch {}/{}: train loss {:.4f} acc {:.4f}", pos.epoch + 1, spec.train.epochs,
-                   epoch_metrics["train_loss"], epoch_metrics["train_accuracy"]);
+      line += fmt::format(", validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
+                          val.accuracy(), val.num_examples);
     }
+    spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
     metrics.write(pos.global_step, pos.epoch + 1, epoch_metrics);
 
     if (epoch_finished) {

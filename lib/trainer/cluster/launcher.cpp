@@ -1,0 +1,603 @@
+#include "trainer/cluster/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "trainer/util/error.h"
+
+extern char** environ;  // NOLINT: POSIX
+
+namespace trainer::cluster {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxWorkers = 64;
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxLine = 64 * 1024;  // a longer line without '\n' is passed on in pieces
+constexpr auto kDrainAfterExit = std::chrono::seconds(1);  // output after the last exit
+
+std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// ---- validation and the plan -------------------------------------------------------------------
+
+int process_count(const LaunchOptions& o) { return o.workers + (o.chief ? 1 : 0); }
+
+void validate(const LaunchOptions& o) {
+  if (o.workers < 1 || o.workers > kMaxWorkers) {
+    throw UsageError("--workers: expected 1.." + std::to_string(kMaxWorkers) + ", got " +
+                     std::to_string(o.workers));
+  }
+  const int last_base = 65535 - (process_count(o) - 1);
+  if (o.base_port != 0 && (o.base_port < 1 || o.base_port > last_base)) {
+    throw UsageError("--base-port: expected 0 (pick free ports) or 1.." +
+                     std::to_string(last_base) + " so that " + std::to_string(process_count(o)) +
+                     " consecutive ports fit, got " + std::to_string(o.base_port));
+  }
+  if (o.args.empty()) {
+    throw UsageError(
+        "launch: no train arguments; put them after `--`, e.g. "
+        "trainer launch --workers 2 -- --config job.yaml --job-dir DIR");
+  }
+  if (o.args.front() == "launch") {
+    throw UsageError(
+        "launch: the arguments after `--` are run by every process; they cannot "
+        "start with `launch` again");
+  }
+  if (o.host.empty()) throw UsageError("launch: empty host");
+  if (!(o.stop_grace_s >= 0)) {
+    throw UsageError("launch: stop_grace_s must be >= 0, got " + std::to_string(o.stop_grace_s));
+  }
+}
+
+std::string format_address(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// ---- children ----------------------------------------------------------------------------------
+
+// The absolute path execve() gets: "" = this binary; a name without '/' is looked up in PATH.
+std::string resolve_program(const std::string& program) {
+  if (program.empty()) {
+    std::vector<char> buf(4096);
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+    return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : "/proc/self/exe";
+  }
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t colon = std::min(dirs.find(':', start), dirs.size());
+    std::string dir = dirs.substr(start, colon - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = colon + 1;
+  }
+  return program;  // execve fails with ENOENT, reported like any other start failure
+}
+
+// Moves a new descriptor above 0..2 so that the child's dup2() onto 0..2 cannot clobber it.
+int above_stdio(int fd) {
+  if (fd > 2) return fd;
+  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  ::close(fd);
+  if (moved < 0) throw Error(ErrorKind::kInternal, sys_error("launch: fcntl(F_DUPFD_CLOEXEC)"));
+  return moved;
+}
+
+struct UniqueFd {
+  int fd = -1;
+  explicit UniqueFd(int f) : fd(f) {}
+  ~UniqueFd() {
+    if (fd >= 0) ::close(fd);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+};
+
+struct Pipe {
+  int read = -1;
+  int write = -1;
+};
+
+Pipe make_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(ErrorKind::kInternal, sys_error("launch: pipe2"));
+  return {above_stdio(fds[0]), above_stdio(fds[1])};
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Writes everything or gives up quietly (a closed terminal must not stop the cluster).
+void write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+// One child's stdout or stderr: reads what the pipe has and writes whole lines, prefixed.
+struct Stream {
+  int fd = -1;         // read end; -1 once at EOF
+  int out_fd = -1;     // where the prefixed lines go
+  std::string prefix;  // "[worker 1] "
+  std::string buffer;  // the start of a line not yet complete
+
+  void emit(bool flush_partial) {
+    std::string out;
+    size_t start = 0;
+    for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+      out += prefix;
+      out.append(buffer, start, nl + 1 - start);
+    }
+    buffer.erase(0, start);
+    if (!buffer.empty() && (flush_partial || buffer.size() >= kMaxLine)) {
+      out += prefix + buffer + "\n";
+      buffer.clear();
+    }
+    if (!out.empty()) write_all(out_fd, out);
+  }
+
+  // Reads once; false at EOF (or a read error), after flushing a partial last line.
+  bool read_some() {
+    char chunk[kReadChunk];
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) {
+      emit(/*flush_partial=*/true);
+      close_fd(fd);
+      return false;
+    }
+    buffer.append(chunk, static_cast<size_t>(n));
+    emit(/*flush_partial=*/false);
+    return true;
+  }
+
+  void close_now() {
+    if (fd < 0) return;
+    emit(/*flush_partial=*/true);
+    close_fd(fd);
+  }
+};
+
+struct Child {
+  LaunchTask task;
+  pid_t pid = -1;  // also its process group
+  bool running = false;
+  int exit_code = 0;  // once !running: the exit status, or 128 + signal
+  Stream out, err;
+
+  bool streams_open() const { return out.fd >= 0 || err.fd >= 0; }
+  void signal_group(int sig) const {
+    if (pid > 0) ::kill(-pid, sig);  // the child and whatever it started
+  }
+};
+
+// Every child this launch started; the destructor kills and reaps those still running, so an
+// exception never leaves orphans.
+struct ChildSet {
+  std::vector<Child> children;
+  ~ChildSet() {
+    for (auto& c : children) {
+      if (c.running) {
+        c.signal_group(SIGKILL);
+        int status = 0;
+        while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+        }
+      }
+      close_fd(c.out.fd);
+      close_fd(c.err.fd);
+    }
+  }
+};
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// The environment of a child: ours, with TF_CONFIG replaced.
+std::vector<std::string> child_environment(const std::string& tf_config) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env.emplace_back(*e);
+  }
+  env.push_back("TF_CONFIG=" + tf_config);
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks and execs one child; returns the errno of a failed exec (0 = started).
+int start_child(Child& child, const std::string& program, const std::vector<std::string>& args,
+                int out_fd, int err_fd, int devnull) {
+  // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
+  std::vector<std::string> argv_s = {program};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<std::string> env_s = child_environment(child.task.tf_config);
+  std::vector<char*> argv = c_strings(argv_s);
+  std::vector<char*> envp = c_strings(env_s);
+
+  Pipe out = make_pipe();
+  Pipe err = make_pipe();
+  Pipe status = make_pipe();  // CLOEXEC: EOF = exec succeeded; an int = exec's errno
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    for (int fd : {out.read, out.write, err.read, err.write, status.read, status.write}) {
+      ::close(fd);
+    }
+    errno = e;
+    throw Error(ErrorKind::kInternal, sys_error("launch: fork"));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);                     // its own group: signals reach what it starts
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the launcher dies -> the child is asked to stop
+    if (::getppid() != parent) ::_exit(127);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(devnull, 0);  // in its own group it must not read the terminal
+    ::dup2(out.write, 1);
+    ::dup2(err.write, 2);
+    ::execve(program.c_str(), argv.data(), envp.data());
+    const int e = errno;
+    ssize_t ignored = ::write(status.write, &e, sizeof e);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so that the group exists before we may signal it
+  ::close(out.write);
+  ::close(err.write);
+  ::close(status.write);
+  int exec_errno = 0;
+  ssize_t n;
+  while ((n = ::read(status.read, &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(status.read);
+  if (n != static_cast<ssize_t>(sizeof exec_errno)) exec_errno = 0;
+
+  child.pid = pid;
+  child.running = true;
+  for (int fd : {out.read, err.read}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const std::string prefix = "[" + child.task.name() + "] ";
+  child.out = Stream{out.read, out_fd, prefix, ""};
+  child.err = Stream{err.read, err_fd, prefix, ""};
+  return exec_errno;
+}
+
+// ---- signals -----------------------------------------------------------------------------------
+
+std::atomic<int> g_wake_fd{-1};
+std::atomic<int> g_sigint{0};   // SIGINTs received and not yet forwarded
+std::atomic<int> g_sigterm{0};  // SIGTERMs received and not yet forwarded
+
+extern "C" void on_launcher_signal(int sig) {
+  const int saved = errno;
+  if (sig == SIGINT) g_sigint.fetch_add(1);
+  if (sig == SIGTERM) g_sigterm.fetch_add(1);
+  const int fd = g_wake_fd.load();
+  if (fd >= 0) {
+    const char byte = 0;
+    ssize_t ignored = ::write(fd, &byte, 1);
+    (void)ignored;
+  }
+  errno = saved;
+}
+
+// Installs the launcher's handlers (SIGINT/SIGTERM/SIGCHLD write to a self-pipe, SIGPIPE is
+// ignored) and restores the previous ones on destruction.
+class SignalScope {
+ public:
+  SignalScope() {
+    wake_ = make_pipe();
+    for (int fd : {wake_.read, wake_.write}) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+    g_sigint = 0;
+    g_sigterm = 0;
+    g_wake_fd = wake_.write;
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    ::sigaction(SIGCHLD, &sa, &old_chld_);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, &old_pipe_);
+  }
+  ~SignalScope() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGCHLD, &old_chld_, nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+    g_wake_fd = -1;
+    close_fd(wake_.read);
+    close_fd(wake_.write);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  int wake_fd() const { return wake_.read; }
+  void drain() const {
+    char buf[256];
+    while (::read(wake_.read, buf, sizeof buf) > 0) {
+    }
+  }
+
+ private:
+  Pipe wake_;
+  struct sigaction old_int_ {
+  }, old_term_{}, old_chld_{}, old_pipe_{};
+};
+
+int ms_until(Clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms + 1, 0, 1000));
+}
+
+}  // namespace
+
+std::string LaunchTask::name() const {
+  return type == "chief" ? type : type + " " + std::to_string(index);
+}
+
+std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports) {
+  validate(options);
+  if (static_cast<int>(ports.size()) != process_count(options)) {
+    throw Error(ErrorKind::kInternal, "plan_launch: expected " +
+                                          std::to_string(process_count(options)) + " ports, got " +
+                                          std::to_string(ports.size()));
+  }
+  std::vector<LaunchTask> tasks;
+  nlohmann::json cluster = nlohmann::json::object();
+  size_t next = 0;
+  if (options.chief) {
+    tasks.push_back({"chief", 0, format_address(options.host, ports[next++]), ""});
+    cluster["chief"] = {tasks.back().address};
+  }
+  cluster["worker"] = nlohmann::json::array();
+  for (int i = 0; i < options.workers; ++i) {
+    tasks.push_back({"worker", i, format_address(options.host, ports[next++]), ""});
+    cluster["worker"].push_back(tasks.back().address);
+  }
+  for (auto& t : tasks) {
+    t.tf_config =
+        nlohmann::json{{"cluster", cluster}, {"task", {{"type", t.type}, {"index", t.index}}}}
+            .dump();
+  }
+  return tasks;
+}
+
+std::vector<int> pick_free_ports(const std::string& host, int count) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), "0", &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw DistributedError("launch: cannot resolve host '" + host + "': " + ::gai_strerror(rc));
+  }
+  std::vector<int> sockets;
+  std::vector<int> ports;
+  std::string failure;
+  for (int i = 0; i < count && failure.empty(); ++i) {
+    const int s = ::socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
+    if (s < 0) {
+      failure = sys_error("socket");
+      break;
+    }
+    sockets.push_back(s);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::bind(s, found->ai_addr, found->ai_addrlen) != 0) {
+      failure = sys_error("bind");
+    } else if (::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      failure = sys_error("getsockname");
+    } else {
+      ports.push_back(addr.ss_family == AF_INET6
+                          ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                          : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port));
+    }
+  }
+  ::freeaddrinfo(found);
+  for (int s : sockets) ::close(s);
+  if (!failure.empty()) {
+    throw DistributedError("launch: cannot pick a free port on '" + host + "': " + failure);
+  }
+  return ports;
+}
+
+int run_launch(const LaunchOptions& options) {
+  validate(options);
+  const int count = process_count(options);
+  std::vector<int> ports;
+  if (options.base_port == 0) {
+    ports = pick_free_ports(options.host, count);
+  } else {
+    for (int i = 0; i < count; ++i) ports.push_back(options.base_port + i);
+  }
+  const std::vector<LaunchTask> tasks = plan_launch(options, ports);
+  const std::string program = resolve_program(options.program);
+  if (std::getenv("TF_CONFIG") != nullptr) {
+    spdlog::warn("launch: TF_CONFIG is set here; each process gets its own instead");
+  }
+  std::string plan;
+  for (const auto& t : tasks) plan += (plan.empty() ? "" : ", ") + t.name() + " " + t.address;
+  spdlog::info("launch: {} processes ({}): {}", count, program, plan);
+
+  SignalScope signals;
+  const UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (devnull.fd < 0) throw Error(ErrorKind::kInternal, sys_error("launch: open /dev/null"));
+  ChildSet set;
+  std::optional<size_t> first_failure;
+  std::optional<Clock::time_point> kill_at;  // SIGKILL what still runs at this time
+
+  auto fail_first = [&](size_t i) {
+    if (first_failure) return;
+    first_failure = i;
+    const Child& c = set.children[i];
+    spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
+                  c.exit_code);
+    for (const auto& other : set.children) {
+      if (other.running || other.streams_open()) other.signal_group(SIGTERM);
+    }
+    kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(options.stop_grace_s));
+  };
+
+  set.children.reserve(tasks.size());
+  for (const auto& t : tasks) {
+    Child& c = set.children.emplace_back();
+    c.task = t;
+    const int exec_errno =
+        start_child(c, program, options.args, options.stdout_fd, options.stderr_fd, devnull.fd);
+    if (exec_errno != 0) {
+      int status = 0;
+      while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      c.running = false;
+      c.exit_code = 127;
+      spdlog::error("launch: cannot start {}: {}: {}", t.name(), program,
+                    std::strerror(exec_errno));
+      fail_first(set.children.size() - 1);
+      break;
+    }
+  }
+
+  std::optional<Clock::time_point> drain_until;  // set once every child has exited
+  for (;;) {
+    // Forward the signals the launcher got to every process group still running.
+    for (auto [counter, sig] : {std::pair{&g_sigint, SIGINT}, std::pair{&g_sigterm, SIGTERM}}) {
+      if (counter->exchange(0) == 0) continue;
+      spdlog::warn("launch: got {}; forwarding it to the processes",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      for (const auto& c : set.children) {
+        if (c.running) c.signal_group(sig);
+      }
+    }
+    // Reap.
+    for (size_t i = 0; i < set.children.size(); ++i) {
+      Child& c = set.children[i];
+      if (!c.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r != c.pid) continue;
+      c.running = false;
+      c.exit_code = decode_status(status);
+      if (c.exit_code == 0) {
+        spdlog::info("launch: {} exited with code 0", c.task.name());
+      } else if (first_failure) {
+        spdlog::info("launch: {} exited with code {}", c.task.name(), c.exit_code);
+      } else {
+        fail_first(i);
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at) {
+      for (const auto& c : set.children) {
+        if (c.running) {
+          spdlog::warn("launch: {} did not stop within {} s of SIGTERM; killing it", c.task.name(),
+                       options.stop_grace_s);
+        }
+        if (c.running || c.streams_open()) c.signal_group(SIGKILL);
+      }
+      kill_at.reset();
+    }
+    const bool any_running = std::any_of(set.children.begin(), set.children.end(),
+                                         [](const Child& c) { return c.running; });
+    if (!any_running && !drain_until) drain_until = Clock::now() + kDrainAfterExit;
+    if (drain_until && Clock::now() >= *drain_until) {
+      // Every child has exited; output still held open by something they left behind is cut.
+      for (auto& c : set.children) {
+        if (c.streams_open()) c.signal_group(SIGKILL);
+        c.out.close_now();
+        c.err.close_now();
+      }
+    }
+    const bool any_open = std::any_of(set.children.begin(), set.children.end(),
+                                      [](const Child& c) { return c.streams_open(); });
+    if (!any_running && !any_open) break;
+
+    // Wait for output, a signal (SIGCHLD included) or the next deadline.
+    std::vector<pollfd> fds = {{signals.wake_fd(), POLLIN, 0}};
+    std::vector<Stream*> streams = {nullptr};  // streams[k] reads fds[k]
+    for (auto& c : set.children) {
+      for (Stream* s : {&c.out, &c.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+      }
+    }
+    int timeout = 1000;
+    if (kill_at) timeout = std::min(timeout, ms_until(*kill_at));
+    if (drain_until) timeout = std::min(timeout, ms_until(*drain_until));
+    const int ready = ::poll(fds.data(), fds.size(), timeout);
+    if (ready < 0 && errno != EINTR) throw Error(ErrorKind::kInternal, sys_error("launch: poll"));
+    if (ready <= 0) continue;
+    if (fds[0].revents != 0) signals.drain();
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents != 0) streams[k]->read_some();
+    }
+  }
+
+  if (!first_failure) {
+    spdlog::info("launch: all {} processes exited with code 0", count);
+    return 0;
+  }
+  return set.children[*first_failure].exit_code;
+}
+
+}  // namespace trainer::cluster

@@ -1,0 +1,52 @@
+// `trainer launch`: runs a whole training cluster on this machine. Starts N worker processes (plus
+// a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine,
+// prefixes every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "),
+// forwards SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code.
+// POSIX only (fork/exec, pipes, poll, process groups). run_launch() owns the children it starts
+// and installs its own SIGINT/SIGTERM/SIGCHLD handlers for its duration: one launch at a time per
+// process, from one thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trainer::cluster {
+
+struct LaunchOptions {
+  int workers = 2;     // worker processes, 1..64 (--workers)
+  bool chief = false;  // also start a `chief` task (rank 0) besides the workers (--chief)
+  int base_port = 0;   // first port; the chief gets base_port, then the workers in order.
+                       // 0 = pick free ports on `host` (bind port 0, read it, close) (--base-port)
+  std::string host = "127.0.0.1";  // every task's host in TF_CONFIG
+  std::string program;             // the binary to run; "" = this one (/proc/self/exe)
+  std::vector<std::string> args;   // passed to every process (e.g. `--config c.yaml --job-dir d`)
+  double stop_grace_s = 10.0;      // after a failure: SIGTERM the others, SIGKILL them after this
+  int stdout_fd = 1;               // where the children's prefixed stdout lines go
+  int stderr_fd = 2;               // where the children's prefixed stderr lines go
+};
+
+// One process of the launched cluster.
+struct LaunchTask {
+  std::string type;          // "chief" | "worker"
+  int index = 0;             // index within its type
+  std::string address;       // host:port ("[::1]:port" for an IPv6 host)
+  std::string tf_config;     // the TF_CONFIG value this process gets
+  std::string name() const;  // "chief", "worker 1": the line prefix without brackets
+};
+
+// The cluster `options` describe, given one port per process (chief first): every task's
+// TF_CONFIG lists the whole cluster ({"cluster": {"chief": [..], "worker": [..]}, "task": {..}}).
+// Pure. Throws UsageError naming --workers / --base-port / the missing train arguments.
+std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports);
+
+// `count` distinct ports that are free on `host` now (each bound to port 0 and read back; all
+// held until the last is picked, then released). Another process may still take one before the
+// cluster binds it. Throws Error(kInternal) when the host cannot be bound.
+std::vector<int> pick_free_ports(const std::string& host, int count);
+
+// Starts the cluster and waits for it: 0 when every process exits 0, else the exit code of the
+// first process that failed (128 + S for one killed by signal S). Logs (spdlog, stderr) the plan
+// and which task failed first. Throws UsageError for bad options (before starting anything).
+int run_launch(const LaunchOptions& options);
+
+}  // namespace trainer::cluster
