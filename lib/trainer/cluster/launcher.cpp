@@ -201,7 +201,8 @@ struct Child {
   LaunchTask task;
   pid_t pid = -1;  // also its process group
   bool running = false;
-  int exit_code = 0;  // once !running: the exit status, or 128 + signal
+  bool asked_to_stop = false;  // a SIGINT/SIGTERM was sent to its group
+  int exit_code = 0;           // once !running: the exit status, or 128 + signal
   Stream out, err;
 
   bool streams_open() const { return out.fd >= 0 || err.fd >= 0; }
@@ -492,8 +493,11 @@ int run_launch(const LaunchOptions& options) {
     const Child& c = set.children[i];
     spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
                   c.exit_code);
-    for (const auto& other : set.children) {
-      if (other.running || other.streams_open()) other.signal_group(SIGTERM);
+    for (auto& other : set.children) {
+      if ((other.running || other.streams_open()) && !other.asked_to_stop) {
+        other.signal_group(SIGTERM);
+        other.asked_to_stop = true;
+      }
     }
     kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(options.stop_grace_s));
@@ -525,8 +529,10 @@ int run_launch(const LaunchOptions& options) {
       if (counter->exchange(0) == 0) continue;
       spdlog::warn("launch: got {}; forwarding it to the processes",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
-      for (const auto& c : set.children) {
-        if (c.running) c.signal_group(sig);
+      for (auto& c : set.children) {
+        if (!c.running) continue;
+        c.signal_group(sig);
+        c.asked_to_stop = true;
       }
     }
     // Reap.

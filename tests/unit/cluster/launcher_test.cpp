@@ -350,9 +350,14 @@ TEST_CASE("run_launch: SIGTERM and SIGINT to the launcher are forwarded to every
   const int sig = GENERATE(SIGTERM, SIGINT);
   Capture out, err;
   LogCapture log;
-  // Each process says it is ready, then waits; on the signal it says so and exits 7.
-  auto o = sh_cluster("trap 'echo got-signal; exit 7' TERM INT; echo ready; sleep 30; exit 0", 2,
-                      true, out, err);
+  // Each process says it is ready, then waits; on the signal it says so and exits 7. (Short
+  // sleeps: a signal that reaches a forked `sleep` before its exec is lost; the shell's trap
+  // then runs when that sleep ends.) Each gets the signal once: a process that has been sent
+  // the forwarded signal is not sent SIGTERM again when the first one exits.
+  auto o = sh_cluster(
+      "trap 'echo got-signal; exit 7' TERM INT; echo ready; "
+      "while :; do sleep 0.05; done",
+      2, true, out, err);
   const auto start = std::chrono::steady_clock::now();
   std::thread sender([&] {
     // Signal once every process is running (inside run_launch, so its handlers are installed).
