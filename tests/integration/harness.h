@@ -2,10 +2,14 @@
 // environment, capture stdout/stderr and the exit code; write small files; read metrics.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +84,76 @@ inline Result run_trainer(const fs::path& cwd, const std::string& args,
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+// A trainer started in the background (fork + exec through /bin/sh), for multi-process tests.
+class Background {
+ public:
+  Background(const fs::path& cwd, const std::string& args, const std::vector<std::string>& env,
+             const std::string& tag)
+      : out_(cwd / (".stdout-" + tag)), err_(cwd / (".stderr-" + tag)) {
+    std::string cmd = "cd " + quote(cwd.string()) + " && exec env -u TF_CONFIG";
+    for (const auto& e : env) cmd += " " + quote(e);
+    cmd += " " + quote(TRAINER_BIN) + " " + args + " >" + quote(out_.string()) + " 2>" +
+           quote(err_.string()) + " </dev/null";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Waits for the process; returns its result (exit code, or 128 + signal).
+  Result wait() {
+    if (!done_) {
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+      result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      done_ = true;
+    }
+    result_.out = slurp(out_);
+    result_.err = slurp(err_);
+    return result_;
+  }
+
+ private:
+  fs::path out_, err_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  Result result_;
+};
+
+// A TF_CONFIG for `workers` workers (and a chief when `chief`) on 127.0.0.1 from `port` up.
+inline std::string tf_config(int workers, bool chief, int port, const std::string& type,
+                             int index) {
+  auto addr = [](int p) { return "\"127.0.0.1:" + std::to_string(p) + "\""; };
+  std::string cluster = "{";
+  int p = port;
+  if (chief) cluster += "\"chief\": [" + addr(p++) + "], ";
+  cluster += "\"worker\": [";
+  for (int i = 0; i < workers; ++i) cluster += (i ? ", " : "") + addr(p++);
+  cluster += "]}";
+  return "TF_CONFIG={\"cluster\": " + cluster + ", \"task\": {\"type\": \"" + type +
+         "\", \"index\": " + std::to_string(index) + "}}";
+}
+
+// A port no one listens on right now (bind port 0, read it, close), for the chief's store.
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 // All records of a metrics.jsonl.

@@ -333,3 +333,12 @@ nlohmann::json to_json(const ClusterSpec& spec) {
 }
 
 }  // namespace trainer::cluster
+
+namespace trainer::cluster {
+
+std::string task_name(const ClusterSpec& spec, int rank) {
+  if (spec.has_chief_task) return rank == 0 ? "chief" : "worker " + std::to_string(rank - 1);
+  return "worker " + std::to_string(rank);
+}
+
+}  // namespace trainer::cluster

@@ -53,3 +53,10 @@ int port_of(const std::string& address);
 nlohmann::json to_json(const ClusterSpec& spec);
 
 }  // namespace trainer::cluster
+
+namespace trainer::cluster {
+
+// The TF_CONFIG name of the training task with `rank`: "chief" or "worker <i>".
+std::string task_name(const ClusterSpec& spec, int rank);
+
+}  // namespace trainer::cluster

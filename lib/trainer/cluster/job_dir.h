@@ -24,7 +24,8 @@ class JobDir {
   const fs::path& write_dir() const { return write_dir_; }
 
   fs::path job_yaml() const { return root_ / "job.yaml"; }
-  fs::path metrics_file() const { return root_ / "metrics.jsonl"; }
+  // The chief's metrics; on another worker its own step timings, in its workertemp dir.
+  fs::path metrics_file() const { return write_dir_ / "metrics.jsonl"; }
   fs::path checkpoints_dir() const { return root_ / "checkpoints"; }
   fs::path model_dir() const { return root_ / "model"; }
   fs::path log_file() const { return write_dir_ / "trainer.log"; }

@@ -380,8 +380,10 @@ class SignalScope {
 
  private:
   Pipe wake_;
-  struct sigaction old_int_ {
-  }, old_term_{}, old_chld_{}, old_pipe_{};
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+  struct sigaction old_chld_ = {};
+  struct sigaction old_pipe_ = {};
 };
 
 int ms_until(Clock::time_point t) {
@@ -407,7 +409,7 @@ std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vec
   size_t next = 0;
   if (options.chief) {
     tasks.push_back({"chief", 0, format_address(options.host, ports[next++]), ""});
-    cluster["chief"] = {tasks.back().address};
+    cluster["chief"] = nlohmann::json::array({tasks.back().address});
   }
   cluster["worker"] = nlohmann::json::array();
   for (int i = 0; i < options.workers; ++i) {

@@ -11,6 +11,8 @@
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
+#include "trainer/dist/process_group.h"
+#include "trainer/train/agreement.h"
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/data_plan.h"
 #include "trainer/train/evaluate.h"
@@ -36,12 +38,11 @@ config::JobSpec resolve_spec(const std::string& path, std::vector<std::string> o
   return config::load_job_spec(path, overrides);
 }
 
-// Checks that the job dir holds this job (or none) and records the spec; returns the checkpoint
-// to resume from. A different job (in job.yaml or in its checkpoints) is an error unless
+// On the chief: checks that the job dir holds this job (or none) and records the spec; returns the
+// checkpoint to resume from. A different job (in job.yaml or in its checkpoints) is an error unless
 // --overwrite, which clears that job's outputs first. Nothing is written before the checks pass.
 std::optional<CheckpointInfo> claim_job_dir(const cluster::JobDir& dir, const config::JobSpec& spec,
                                             bool overwrite) {
-  if (!dir.is_chief()) return latest_checkpoint(dir.checkpoints_dir());
   std::optional<std::string> conflict;
   if (fs::exists(dir.job_yaml())) {
     try {
@@ -79,35 +80,108 @@ std::optional<CheckpointInfo> claim_job_dir(const cluster::JobDir& dir, const co
 
 }  // namespace
 
+namespace {
+
+dist::DistOptions dist_options(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
+                               const torch::Device& device) {
+  dist::DistOptions o;
+  o.rank = cluster.rank;
+  o.world_size = cluster.world_size;
+  if (cluster.world_size > 1) {
+    o.chief_host = cluster::host_of(cluster.chief_address);
+    o.chief_port = cluster::port_of(cluster.chief_address);
+    o.own_host = cluster::host_of(cluster.own_address);
+  }
+  o.interface = spec.distributed.interface;
+  o.backend = spec.distributed.backend;
+  o.use_cuda = device.is_cuda();
+  o.rendezvous_timeout_s = spec.distributed.rendezvous_timeout_s;
+  o.timeout_s = spec.distributed.timeout_s;
+  return o;
+}
+
+// Every rank resumes from the chief's checkpoint; a task that sees another one (a job dir that
+// is not one shared directory) cannot resume.
+void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                     const std::optional<CheckpointInfo>& resume) {
+  if (group.world_size() == 1) return;
+  const auto names =
+      group.all_gather_strings(resume ? resume->dir.filename().string() : std::string("(none)"));
+  for (size_t rank = 1; rank < names.size(); ++rank) {
+    if (names[rank] == names[0]) continue;
+    throw ConfigError(fmt::format(
+        "{} sees checkpoint {} in the job dir but the chief resumes from {}: to resume, --job-dir "
+        "must be one directory shared by every task",
+        cluster::task_name(cluster, static_cast<int>(rank)), names[rank], names[0]));
+  }
+}
+
+}  // namespace
+
 int run_train(const TrainOptions& options) {
   if (options.job_dir.empty()) throw UsageError("--job-dir is required");
+  // 1. The job and this process's role.
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, options.epochs);
   const cluster::ClusterSpec cluster = cluster::cluster_from_env();
   const cluster::JobDir job_dir(options.job_dir, cluster);
+  if (cluster.task_type == "evaluator") {
+    spdlog::warn(
+        "TF_CONFIG names this task evaluator {}: side-car evaluation is not part of "
+        "training yet, so it has nothing to do",
+        cluster.task_index);
+    return 0;
+  }
   job_dir.prepare();
   util::setup_logging(spec.logging.level, job_dir.log_file().string());
   util::install_stop_handlers();
-  spdlog::info("trainer {}: job {} in {}", TRAINER_VERSION,
-               options.config.empty() ? "(defaults)" : options.config, job_dir.root().string());
+  spdlog::info("trainer {}: job {} in {} as {} (rank {} of {})", TRAINER_VERSION,
+               options.config.empty() ? "(defaults)" : options.config, job_dir.root().string(),
+               cluster::task_name(cluster, cluster.rank), cluster.rank, cluster.world_size);
 
-  const auto resume = claim_job_dir(job_dir, spec, options.overwrite);
+  // 2. Run-time, then meet the others at the chief.
+  ModelSettings settings;
+  settings.device = resolve_device(spec.train.device);
+  settings.channels_last = spec.train.channels_last;
+  settings.bf16 = spec.train.precision == "bf16";
+  const int threads = configure_threads(spec.train.threads);
+  const auto group = dist::ProcessGroup::connect(dist_options(spec, cluster, settings.device));
+
+  // 3. The data plan, and proof that every process runs the same job.
+  DataPlan plan;
+  agree(*group, cluster, "listing the data", [&] { plan = plan_data(spec, cluster); });
+  verify_same_job(*group, cluster,
+                  job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr));
+
+  // 4. The job dir: the same job or none; where to resume.
+  std::optional<CheckpointInfo> resume;
+  agree(*group, cluster, "claiming the job dir", [&] {
+    if (job_dir.is_chief()) resume = claim_job_dir(job_dir, spec, options.overwrite);
+  });
+  if (!job_dir.is_chief()) resume = latest_checkpoint(job_dir.checkpoints_dir());
+  agree_on_resume(*group, cluster, resume);
   const bool finished =
       resume &&
       (resume->position.epoch >= spec.train.epochs ||
        (spec.train.max_steps > 0 && resume->position.global_step >= spec.train.max_steps));
   // A finished job is left alone, unless it stopped before exporting its model (then the export
-  // below runs from the checkpoint without training).
-  if (finished && (!job_dir.is_chief() || fs::exists(job_dir.model_dir() / "model.json"))) {
+  // in train_job runs from the checkpoint without training). The chief decides for all.
+  const bool nothing_to_do =
+      group->all_reduce_max(
+          job_dir.is_chief() && finished && fs::exists(job_dir.model_dir() / "model.json") ? 1
+                                                                                           : 0) > 0;
+  if (nothing_to_do) {
     spdlog::info(
         "{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
         "--epochs to train further)",
         job_dir.root().string(), resume->position.epoch, resume->position.global_step);
-    if (job_dir.is_chief()) {
-      std::printf("model: %s\n", job_dir.model_dir().string().c_str());
-    }
+    if (job_dir.is_chief()) std::printf("model: %s\n", job_dir.model_dir().string().c_str());
+    job_dir.finish_clean();
     return 0;
   }
-  const TrainSummary summary = train_job(spec, cluster, job_dir, resume);
+
+  // 5. Train, export.
+  const TrainSummary summary =
+      train_job(spec, TrainContext{cluster, job_dir, plan, *group, settings, threads, resume});
   if (job_dir.is_chief()) {
     spdlog::info("model written to {}", job_dir.model_dir().string());
     std::printf("model: %s\n", job_dir.model_dir().string().c_str());

@@ -1,5 +1,7 @@
 #include "trainer/train/data_plan.h"
 
+#include <algorithm>
+
 #include "trainer/data/source.h"
 #include "trainer/util/error.h"
 
@@ -32,18 +34,25 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
     plan.validation = list_split(spec.data, "validation", plan.class_names);
   }
   const int64_t batch = spec.train.per_replica_batch_size;
-  plan.global_batch_size = batch * cluster.world_size;
-  plan.steps_per_epoch = static_cast<int64_t>(plan.train.examples.size()) / batch;
+  plan.worker = std::max(cluster.rank, 0);
+  plan.num_workers = std::max(cluster.world_size, 1);
+  plan.global_batch_size = batch * plan.num_workers;
+  plan.shard = data::plan_shards(data::files_of(plan.train), spec.data.shard_policy, plan.worker,
+                                 plan.num_workers, batch, "data.train");
+  plan.steps_per_epoch = data::agreed_steps_per_epoch(plan.shard, batch);
   if (plan.steps_per_epoch == 0) {
-    throw ConfigError("train.per_replica_batch_size: " + std::to_string(batch) +
-                      " is more than the " + std::to_string(plan.train.examples.size()) +
-                      " examples of " + plan.train.origin + " (every step needs a full batch)");
+    throw ConfigError(
+        "train.per_replica_batch_size: " + std::to_string(batch) + " is more than the " +
+        std::to_string(*std::min_element(plan.shard.examples_per_worker.begin(),
+                                         plan.shard.examples_per_worker.end())) +
+        " examples of the smallest worker's share of " + plan.train.origin +
+        " (every step needs a full batch on every worker; " + plan.shard.reason + ")");
   }
   return plan;
 }
 
-data::LoaderOptions train_loader_options(const config::DataSpec& data,
-                                         const config::TrainSpec& train) {
+namespace {
+data::LoaderOptions base_options(const config::DataSpec& data, const config::TrainSpec& train) {
   data::LoaderOptions o;
   o.preprocess.image_size = data.image_size;
   o.preprocess.normalize = data.normalize;
@@ -60,13 +69,34 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
   o.skip_corrupt = data.on_corrupt == "skip";
   return o;
 }
+}  // namespace
 
-data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size) {
-  data::LoaderOptions o = train_loader_options(data, config::TrainSpec{});
+data::LoaderOptions train_loader_options(const config::DataSpec& data,
+                                         const config::TrainSpec& train, const DataPlan& plan) {
+  data::LoaderOptions o = base_options(data, train);
+  if (plan.num_workers > 1) {
+    const auto n = static_cast<int64_t>(plan.train.examples.size());
+    o.order = [shard = plan.shard, n, seed = o.seed, shuffle = o.shuffle](int64_t epoch) {
+      return data::worker_epoch_order(shard, n, seed, epoch, shuffle, shard.worker,
+                                      shard.num_workers);
+    };
+  }
+  o.max_batches = plan.steps_per_epoch;
+  return o;
+}
+
+data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size,
+                                        int64_t num_examples, int worker, int num_workers) {
+  data::LoaderOptions o = base_options(data, config::TrainSpec{});
   o.preprocess.train = false;
   o.batch_size = batch_size;
   o.shuffle = false;
   o.drop_last = false;
+  if (num_workers > 1) {
+    o.order = [positions = data::eval_shard(num_examples, worker, num_workers)](int64_t) {
+      return positions;
+    };
+  }
   return o;
 }
 
@@ -77,6 +107,12 @@ nlohmann::json to_json(const DataPlan& plan) {
                       {"global_batch_size", plan.global_batch_size},
                       {"steps_per_epoch", plan.steps_per_epoch}};
   j["validation_examples"] = plan.validation ? plan.validation->examples.size() : 0;
+  j["shard_policy"] = plan.shard.policy_requested;
+  j["shard_policy_effective"] = plan.shard.policy_effective;
+  j["shard_reason"] = plan.shard.reason;
+  j["files_this_worker"] = plan.shard.files_this_worker.size();
+  j["examples_this_worker"] = plan.shard.examples_this_worker;
+  j["examples_per_worker"] = plan.shard.examples_per_worker;
   return j;
 }
 

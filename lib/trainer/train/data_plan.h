@@ -14,6 +14,7 @@
 #include "trainer/config/job_spec.h"
 #include "trainer/data/example.h"
 #include "trainer/data/loader.h"
+#include "trainer/data/shard.h"
 
 namespace trainer::train {
 
@@ -23,7 +24,10 @@ struct DataPlan {
   std::vector<std::string> class_names;
   int64_t num_classes = 0;
   int64_t global_batch_size = 0;
-  int64_t steps_per_epoch = 0;
+  int64_t steps_per_epoch = 0;  // lock-step: the same on every worker
+  data::ShardPlan shard;        // this worker's part of data.train
+  int worker = 0;               // the rank the plan is for (an evaluator plans as rank 0)
+  int num_workers = 1;
 };
 
 // Lists the sources and derives the numbers. Throws DataError (unreadable sources) or
@@ -34,9 +38,14 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
 data::Listing list_split(const config::DataSpec& spec, const std::string& split,
                          const std::vector<std::string>& class_names);
 
+// Training batches of this worker's shard, `plan.steps_per_epoch` of them each epoch.
 data::LoaderOptions train_loader_options(const config::DataSpec& data,
-                                         const config::TrainSpec& train);
-data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size);
+                                         const config::TrainSpec& train, const DataPlan& plan);
+// Evaluation batches in listing order: all of `num_examples`, or with num_workers > 1 this
+// worker's positions worker, worker+N, ... (each example evaluated once across the cluster).
+data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size,
+                                        int64_t num_examples = 0, int worker = 0,
+                                        int num_workers = 1);
 
 // inspect's `data` object.
 nlohmann::json to_json(const DataPlan& plan);

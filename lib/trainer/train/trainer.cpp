@@ -7,7 +7,10 @@
 #include <memory>
 
 #include "trainer/data/loader.h"
+#include "trainer/dist/grad_sync.h"
+#include "trainer/dist/replicas.h"
 #include "trainer/model/resnet.h"
+#include "trainer/train/agreement.h"
 #include "trainer/train/data_plan.h"
 #include "trainer/train/evaluate.h"
 #include "trainer/train/metrics.h"
@@ -38,6 +41,27 @@ std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
   return out;
 }
 
+// Validation on this worker's part, with the counts summed over all workers: each example is
+// evaluated once across the cluster, so the result equals a single-worker evaluation.
+EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::ResNet& net, data::Loader& loader,
+                                int64_t num_classes, const ModelSettings& settings) {
+  EvalCounts counts = evaluate(net, loader, num_classes, settings);
+  if (group.world_size() == 1) return counts;
+  std::vector<int64_t> flat = {counts.num_examples, counts.skipped};
+  for (const auto& row : counts.confusion) flat.insert(flat.end(), row.begin(), row.end());
+  flat = group.all_reduce(flat, dist::Reduce::kSum);
+  torch::Tensor loss = torch::tensor({counts.loss_sum}, torch::kFloat64);
+  group.all_reduce_sum({loss});
+  counts.num_examples = flat[0];
+  counts.skipped = flat[1];
+  size_t k = 2;
+  for (auto& row : counts.confusion) {
+    for (auto& cell : row) cell = flat[k++];
+  }
+  counts.loss_sum = loss.item<double>();
+  return counts;
+}
+
 void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::ClusterSpec& cl,
               const ModelSettings& settings, int threads, const model::ResNet& net) {
   spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
@@ -51,14 +75,15 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::
     spdlog::info("data: {} validation examples from {}", plan.validation->examples.size(),
                  plan.validation->origin);
   }
-  const int64_t used = plan.steps_per_epoch * spec.train.per_replica_batch_size;
-  spdlog::info("global batch {} = {} per replica x {} replica(s); {} steps per epoch{}",
-               plan.global_batch_size, spec.train.per_replica_batch_size, cl.world_size,
-               plan.steps_per_epoch,
-               used < static_cast<int64_t>(plan.train.examples.size())
-                   ? fmt::format(" ({} examples left over each epoch)",
-                                 plan.train.examples.size() - static_cast<size_t>(used))
-                   : "");
+  spdlog::info("global batch {} = {} per replica x {} replica(s); {} steps per epoch",
+               plan.global_batch_size, spec.train.per_replica_batch_size, plan.num_workers,
+               plan.steps_per_epoch);
+  if (plan.num_workers > 1) {
+    spdlog::info("data.shard_policy: {}; this worker reads {} examples", plan.shard.reason,
+                 plan.shard.examples_this_worker);
+  }
+  const std::string dropped = data::dropped_summary(plan.shard, spec.train.per_replica_batch_size);
+  if (!dropped.empty()) spdlog::info("left out of each epoch: {}", dropped);
 }
 
 }  // namespace
@@ -71,50 +96,72 @@ std::string job_identity(const config::JobSpec& spec) {
   return config::fingerprint(identity);
 }
 
-TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
-                       const cluster::JobDir& job_dir,
-                       const std::optional<CheckpointInfo>& resume) {
-  // 1. Run-time: device, threads.
-  ModelSettings settings;
-  settings.device = resolve_device(spec.train.device);
-  settings.channels_last = spec.train.channels_last;
-  settings.bf16 = spec.train.precision == "bf16";
-  const int threads = configure_threads(spec.train.threads);
+TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
+  const DataPlan& plan = ctx.plan;
+  const ModelSettings& settings = ctx.settings;
+  dist::ProcessGroup& group = ctx.group;
+  const cluster::JobDir& job_dir = ctx.job_dir;
+  const bool distributed = group.world_size() > 1;
 
-  // 2. Data.
-  const DataPlan plan = plan_data(spec, cluster);
-  data::Loader train_loader(plan.train.examples, train_loader_options(spec.data, spec.train));
+  // 1. Data: this worker's shard, the same number of steps on every worker.
+  data::Loader train_loader(plan.train.examples, train_loader_options(spec.data, spec.train, plan));
   std::unique_ptr<data::Loader> val_loader;
   if (plan.validation) {
     val_loader = std::make_unique<data::Loader>(
         plan.validation->examples,
-        eval_loader_options(spec.data, spec.train.per_replica_batch_size));
+        eval_loader_options(spec.data, spec.train.per_replica_batch_size,
+                            static_cast<int64_t>(plan.validation->examples.size()), plan.worker,
+                            plan.num_workers));
   }
 
-  // 3. Model, optimizer, schedule.
+  // 2. Model: built from the seed, then the chief's weights everywhere.
   model::ResNet net = build_model(spec.model, plan.num_classes, spec.train.seed);
-  log_plan(spec, plan, cluster, settings, threads, net);
+  log_plan(spec, plan, ctx.cluster, settings, ctx.threads, net);
   place_model(net, settings);
+  std::vector<torch::Tensor> state = net->parameters();
+  for (const auto& b : net->buffers()) state.push_back(b);
+  std::vector<torch::Tensor> bn_stats;  // running statistics, broadcast each step as DDP does
+  for (const auto& item : net->named_buffers()) {
+    if (item.key().find("running_") != std::string::npos) bn_stats.push_back(item.value());
+  }
+
+  // 3. Optimizer and schedule (linear scaling rule when asked).
   auto optimizer = make_optimizer(spec.train.optimizer, trainable_parameters(net));
+  const double base_lr =
+      spec.train.optimizer.learning_rate * (spec.train.scale_lr == "linear" ? plan.num_workers : 1);
+  if (spec.train.scale_lr == "linear") {
+    spdlog::info("train.scale_lr: linear: learning rate {} x {} replicas = {}",
+                 spec.train.optimizer.learning_rate, plan.num_workers, base_lr);
+  }
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
 
-  // 4. Resume.
+  // 4. Resume, then make the replicas identical.
   TrainPosition pos;
-  if (resume) {
-    restore_checkpoint(*resume, *net, *optimizer);
-    pos = resume->position;
-    spdlog::info("resumed from {} (epoch {}, batch {}, step {})", resume->dir.string(),
+  if (ctx.resume) {
+    restore_checkpoint(*ctx.resume, *net, *optimizer);
+    pos = ctx.resume->position;
+    spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
                  pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
   }
-  MetricsLog metrics = job_dir.is_chief()
-                           ? MetricsLog(job_dir.metrics_file(), resume ? pos.global_step : 0)
-                           : MetricsLog();
+  dist::broadcast_parameters(group, state);
+  dist::GradientSync grad_sync(group, trainable_parameters(net), spec.distributed.bucket_mb);
+  if (distributed) {
+    spdlog::info("gradients: {} all-reduce buckets of about {} MB over {} ({} replicas)",
+                 grad_sync.num_buckets(), spec.distributed.bucket_mb, group.backend(),
+                 group.world_size());
+  }
+
+  MetricsLog metrics(job_dir.metrics_file(), ctx.resume ? pos.global_step : 0);
   const std::string identity = job_identity(spec);
   auto checkpoint = [&](const TrainPosition& at) {
-    if (!job_dir.is_chief()) return;
-    const auto dir = save_checkpoint(job_dir.checkpoints_dir(), at, identity, *net, *optimizer,
-                                     spec.checkpoint.keep);
-    spdlog::info("checkpoint {}", dir.string());
+    dist::check_replicas_agree(group, net->parameters(),
+                               fmt::format("at the checkpoint of step {}", at.global_step));
+    agree(group, ctx.cluster, "writing a checkpoint", [&] {
+      if (!job_dir.is_chief()) return;
+      const auto dir = save_checkpoint(job_dir.checkpoints_dir(), at, identity, *net, *optimizer,
+                                       spec.checkpoint.keep);
+      spdlog::info("checkpoint {}", dir.string());
+    });
   };
 
   // 5. The loop.
@@ -130,50 +177,60 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
     progress.start_epoch(pos.epoch, spec.train.epochs, plan.steps_per_epoch, pos.batch_in_epoch);
     const auto epoch_start = Clock::now();
-    double loss_sum = 0, correct_sum = 0;
+    double loss_sum = 0, correct_sum = 0, comm_wait_s = 0, step_time_s = 0;
     int64_t seen = 0;
     double ips_ema = 0;
     auto step_start = Clock::now();
     while (auto batch = train_loader.next()) {
-      if (batch->images.size(0) > 0) {
-        const double lr = learning_rate_at(
-            spec.train.lr_schedule, spec.train.optimizer.learning_rate, pos.global_step, shape);
-        set_learning_rate(*optimizer, lr);
+      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, pos.global_step, shape);
+      set_learning_rate(*optimizer, lr);
+      if (distributed && !spec.model.freeze_batchnorm) dist::broadcast_parameters(group, bn_stats);
+      // A batch whose images were all corrupt (on_corrupt: skip) still takes part in the
+      // collectives, with a zero gradient, so every replica stays in lock-step.
+      const int64_t n = batch->images.size(0);
+      double loss_v = 0, acc = 0;
+      optimizer->zero_grad();
+      if (n > 0) {
         const torch::Tensor labels = batch->labels.to(settings.device);
         const torch::Tensor logits =
             forward_logits(net, prepare_input(batch->images, settings), settings);
         const torch::Tensor loss =
             torch::nn::functional::cross_entropy(logits, labels, loss_options);
-        optimizer->zero_grad();
         loss.backward();
-        optimizer->step();
-
-        const int64_t n = labels.size(0);
-        const double loss_v = loss.item<double>();
-        const double acc =
-            logits.argmax(1).eq(labels).sum().item<double>() / static_cast<double>(n);
-        const auto now = Clock::now();
-        const double ips =
-            static_cast<double>(n) / std::chrono::duration<double>(now - step_start).count();
-        step_start = now;
-        ips_ema = ips_ema == 0 ? ips : 0.8 * ips_ema + 0.2 * ips;
-        loss_sum += loss_v * static_cast<double>(n);
-        correct_sum += acc * static_cast<double>(n);
-        seen += n;
-        ++pos.global_step;
-        metrics.write(
-            pos.global_step, pos.epoch + 1,
-            {{"loss", loss_v}, {"accuracy", acc}, {"learning_rate", lr}, {"images_per_sec", ips}});
-        progress.step(batch->index + 1, loss_v, acc, lr, ips_ema);
+        loss_v = loss.item<double>();
+        acc = logits.argmax(1).eq(labels).sum().item<double>() / static_cast<double>(n);
       }
+      grad_sync.finish();
+      if (n > 0 || distributed) optimizer->step();
+
+      const auto now = Clock::now();
+      const double dt = std::chrono::duration<double>(now - step_start).count();
+      step_start = now;
+      const double ips = static_cast<double>(n) * plan.num_workers / dt;
+      ips_ema = ips_ema == 0 ? ips : 0.8 * ips_ema + 0.2 * ips;
+      loss_sum += loss_v * static_cast<double>(n);
+      correct_sum += acc * static_cast<double>(n);
+      seen += n;
+      comm_wait_s += grad_sync.last_step().wait_s;
+      step_time_s += dt;
+      ++pos.global_step;
+      std::map<std::string, double> record = {
+          {"loss", loss_v}, {"accuracy", acc}, {"learning_rate", lr}, {"images_per_sec", ips}};
+      if (distributed) {
+        record["step_time_s"] = dt;
+        record["comm_wait_s"] = grad_sync.last_step().wait_s;
+      }
+      metrics.write(pos.global_step, pos.epoch + 1, record);
+      progress.step(batch->index + 1, loss_v, acc, lr, ips_ema);
       pos.batch_in_epoch = batch->index + 1;
-      if (util::stop_requested()) {
+      // Every replica stops at the same step when any of them was asked to.
+      if (group.all_reduce_max(util::stop_requested() ? 1 : 0) > 0) {
         progress.end_epoch();
         checkpoint(pos);
         throw Interrupted(fmt::format(
-            "stopped by signal {} at step {}; the newest checkpoint holds this position: start the "
+            "stopped by a signal at step {}; the newest checkpoint holds this position: start the "
             "same command again to resume",
-            util::stop_signal(), pos.global_step));
+            pos.global_step));
       }
       if (spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps) {
         stop = true;
@@ -197,8 +254,15 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
         seen > 0 ? fmt::format("train loss {:.4f} acc {:.4f}", epoch_metrics.at("train_loss"),
                                epoch_metrics.at("train_accuracy"))
                  : std::string("no training steps this run");
+    if (distributed && step_time_s > 0) {
+      epoch_metrics["comm_wait_share"] = comm_wait_s / step_time_s;
+      line += fmt::format(", waiting on gradients {:.1f}% of step time",
+                          100 * comm_wait_s / step_time_s);
+    }
     if (val_loader && (epoch_finished || stop)) {
-      const EvalCounts val = evaluate(net, *val_loader, plan.num_classes, settings);
+      const EvalCounts val =
+          evaluate_distributed(group, net, *val_loader, plan.num_classes, settings);
+      set_train_mode(net, spec.model);
       epoch_metrics["val_loss"] = val.loss();
       epoch_metrics["val_accuracy"] = val.accuracy();
       summary.val_accuracy = val.accuracy();
@@ -221,9 +285,11 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
     spdlog::info("train.max_steps {} reached at step {}", spec.train.max_steps, pos.global_step);
   }
 
-  // 6. Export (chief only).
+  // 6. Export (chief only), after proving the replicas agree.
+  dist::check_replicas_agree(group, net->parameters(), "at the end");
   summary.global_step = pos.global_step;
-  if (job_dir.is_chief()) {
+  agree(group, ctx.cluster, "exporting the model", [&] {
+    if (!job_dir.is_chief()) return;
     ModelInfo info;
     info.arch = spec.model.arch;
     info.num_classes = plan.num_classes;
@@ -236,7 +302,7 @@ TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& 
     info.global_step = pos.global_step;
     info.epochs = summary.epochs_done;
     export_model(job_dir.model_dir(), net, info);
-  }
+  });
   return summary;
 }
 

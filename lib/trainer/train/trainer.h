@@ -1,5 +1,8 @@
-// The training loop of one process: spec -> data -> model -> optimizer/schedule -> resume ->
-// epochs (steps, validation, checkpoints) -> export. Used by run_train. Not thread-safe.
+// The training loop of one process of a (possibly one-process) synchronous data-parallel job:
+// data plan -> model (the chief's initial weights broadcast) -> optimizer/schedule -> resume ->
+// epochs of lock-step steps (gradients averaged by dist::GradientSync, BN statistics broadcast
+// from the chief) -> validation summed over workers -> checkpoints and export (chief only).
+// Used by run_train. Not thread-safe.
 #pragma once
 
 #include <optional>
@@ -7,7 +10,10 @@
 #include "trainer/cluster/cluster_spec.h"
 #include "trainer/cluster/job_dir.h"
 #include "trainer/config/job_spec.h"
+#include "trainer/dist/process_group.h"
 #include "trainer/train/checkpoint.h"
+#include "trainer/train/data_plan.h"
+#include "trainer/train/runtime.h"
 
 namespace trainer::train {
 
@@ -15,14 +21,23 @@ struct TrainSummary {
   int64_t global_step = 0;
   int64_t epochs_done = 0;
   std::optional<double> val_accuracy;  // after the last epoch, if there is validation data
-  bool already_complete = false;       // the job dir held a finished run; nothing was trained
 };
 
 // The fields that must not change between runs in one job dir, as a fingerprint.
 std::string job_identity(const config::JobSpec& spec);
 
-// Trains `spec` in `job_dir`, resuming from `resume` when given.
-TrainSummary train_job(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
-                       const cluster::JobDir& job_dir, const std::optional<CheckpointInfo>& resume);
+// Everything train_job needs besides the spec: who and where this process is, what it reads,
+// whom it talks to, and where it resumes from.
+struct TrainContext {
+  const cluster::ClusterSpec& cluster;
+  const cluster::JobDir& job_dir;
+  const DataPlan& plan;
+  dist::ProcessGroup& group;
+  ModelSettings settings;
+  int threads = 1;
+  std::optional<CheckpointInfo> resume;
+};
+
+TrainSummary train_job(const config::JobSpec& spec, const TrainContext& context);
 
 }  // namespace trainer::train

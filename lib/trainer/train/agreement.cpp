@@ -1,0 +1,96 @@
+#include "trainer/train/agreement.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+#include <vector>
+
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+namespace {
+
+std::string listing_digest(const data::Listing& listing) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;
+  };
+  for (const auto& e : listing.examples) {
+    mix(e.path);
+    mix(std::to_string(e.label));
+  }
+  for (const auto& c : listing.class_names) mix(c);
+  return fmt::format("{} examples, digest {:016x}", listing.examples.size(), h);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+void agree(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster, const std::string& what,
+           const std::function<void()>& step) {
+  if (group.world_size() == 1) {
+    step();
+    return;
+  }
+  std::string mine;
+  try {
+    step();
+  } catch (const Error& e) {
+    mine = std::to_string(static_cast<int>(e.kind())) + "\n" + e.what();
+  }
+  const std::vector<std::string> all = group.all_gather_strings(mine);
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    if (all[rank].empty()) continue;
+    const size_t nl = all[rank].find('\n');
+    const auto kind = static_cast<ErrorKind>(std::stoi(all[rank].substr(0, nl)));
+    const std::string message = all[rank].substr(nl + 1);
+    if (static_cast<int>(rank) == group.rank()) throw Error(kind, message);
+    throw Error(kind,
+                fmt::format("{} failed while {}: {}",
+                            cluster::task_name(cluster, static_cast<int>(rank)), what, message));
+  }
+}
+
+std::string job_description(const config::JobSpec& spec, const data::Listing& train,
+                            const data::Listing* validation) {
+  std::string out;
+  for (const auto& [field, value] : config::flatten(spec)) {
+    if (field.rfind("logging.", 0) == 0) continue;
+    out += field + "=" + value + "\n";
+  }
+  out += "data.train listing=" + listing_digest(train) + "\n";
+  if (validation) out += "data.validation listing=" + listing_digest(*validation) + "\n";
+  out += std::string("program version=") + TRAINER_VERSION + "\n";
+  return out;
+}
+
+void verify_same_job(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                     const std::string& description) {
+  if (group.world_size() == 1) return;
+  const std::vector<std::string> all = group.all_gather_strings(description);
+  const std::vector<std::string> chief = lines_of(all[0]);
+  for (size_t rank = 1; rank < all.size(); ++rank) {
+    if (all[rank] == all[0]) continue;
+    const std::vector<std::string> theirs = lines_of(all[rank]);
+    size_t i = 0;
+    while (i < chief.size() && i < theirs.size() && chief[i] == theirs[i]) ++i;
+    const std::string here = i < chief.size() ? chief[i] : "(nothing)";
+    const std::string there = i < theirs.size() ? theirs[i] : "(nothing)";
+    const std::string field = here.substr(0, here.find('='));
+    throw ConfigError(fmt::format(
+        "{} runs a different job than the chief: {} is '{}' there but '{}' on the chief; every "
+        "task must run the same job spec, data and trainer version",
+        cluster::task_name(cluster, static_cast<int>(rank)), field,
+        there.substr(there.find('=') + 1), here.substr(here.find('=') + 1)));
+  }
+}
+
+}  // namespace trainer::train

@@ -1,0 +1,34 @@
+// What all training processes must agree on before and while they train: that every one runs the
+// same job (spec, data listing, program version), and that a step which fails on one process
+// fails on all of them with the same error kind, naming the task that failed, instead of leaving
+// the others waiting for a collective. Every rank must call these in the same order (they are
+// collectives). With one process they just run the step.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "trainer/cluster/cluster_spec.h"
+#include "trainer/config/job_spec.h"
+#include "trainer/data/example.h"
+#include "trainer/dist/process_group.h"
+
+namespace trainer::train {
+
+// Runs `step`; if it throws a trainer::Error on any rank, every rank throws an Error of the
+// first failing rank's kind, with its message prefixed by that task's name. `what` names the
+// step for messages ("listing the data").
+void agree(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster, const std::string& what,
+           const std::function<void()>& step);
+
+// The text every rank must share: every job-spec field but logging.*, a digest of the train and
+// validation listings, and the program version, one "name=value" line each.
+std::string job_description(const config::JobSpec& spec, const data::Listing& train,
+                            const data::Listing* validation);
+
+// All-gathers job_description() and throws ConfigError on every rank when one differs from the
+// chief's, naming that task and the first line (field) that differs.
+void verify_same_job(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                     const std::string& description);
+
+}  // namespace trainer::train

@@ -1,0 +1,232 @@
+// Multi-worker synchronous training with real processes, real TF_CONFIG and real Gloo over
+// loopback: the all-reduce averages exactly, only the chief writes, lock-step holds on uneven
+// shards, a differing config stops everyone with exit 2, and a lost peer or an absent chief is
+// exit 4 within the configured timeouts.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "fixtures.h"
+#include "harness.h"
+
+using namespace trainer::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The tensors of a safetensors file, as float vectors by name (F32 only; enough here).
+std::map<std::string, std::vector<float>> read_f32(const fs::path& path) {
+  const std::string bytes = slurp(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__" || t["dtype"] != "F32") continue;
+    const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+    std::vector<float> v((e - b) / 4);
+    std::memcpy(v.data(), bytes.data() + 8 + n + b, e - b);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+// Starts one process per task of a `workers`-worker cluster (worker 0 the chief) and waits.
+std::vector<Result> run_cluster(const fs::path& cwd, int workers, const std::string& args,
+                                const std::vector<std::string>& per_task_args = {}) {
+  const int port = free_port();
+  std::vector<std::unique_ptr<Background>> procs;
+  for (int i = 0; i < workers; ++i) {
+    const std::string extra = i < static_cast<int>(per_task_args.size()) ? per_task_args[i] : "";
+    procs.push_back(std::make_unique<Background>(
+        cwd, args + " " + extra,
+        std::vector<std::string>{tf_config(workers, false, port, "worker", i)},
+        "w" + std::to_string(i)));
+  }
+  std::vector<Result> results;
+  for (auto& p : procs) results.push_back(p->wait());
+  return results;
+}
+
+std::string timeouts() {
+  return " --set distributed.rendezvous_timeout_s=60 --set distributed.timeout_s=60";
+}
+
+}  // namespace
+
+TEST_CASE("2 workers x batch 4 equal 1 worker x batch 8 (the all-reduce averages)",
+          "[multiworker]") {
+  TempDir dir("equiv");
+  make_dataset(dir.path(), "data", 8, 32);  // 40 images
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const std::string common =
+      "--config job.yaml --set data.shard_policy=data --set data.shuffle=false "
+      "--set model.freeze_batchnorm=true --set train.optimizer.name=sgd "
+      "--set train.optimizer.momentum=0 --set train.optimizer.learning_rate=0.005 "
+      "--set data.validation.path= --set train.max_steps=4" +
+      timeouts();
+  const Result one =
+      run_trainer(dir.path(), common + " --job-dir one --set train.per_replica_batch_size=8");
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  const auto two =
+      run_cluster(dir.path(), 2, common + " --job-dir two --set train.per_replica_batch_size=4");
+  for (const auto& r : two) {
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+  }
+  const auto a = read_f32(dir / "one" / "model" / "model.safetensors");
+  const auto b = read_f32(dir / "two" / "model" / "model.safetensors");
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (const auto& [name, va] : a) {
+    const auto& vb = b.at(name);
+    REQUIRE(va.size() == vb.size());
+    for (size_t i = 0; i < va.size(); ++i) {
+      const double rel =
+          std::abs(va[i] - vb[i]) / std::max(1e-3, static_cast<double>(std::abs(va[i])));
+      worst = std::max(worst, rel);
+    }
+  }
+  INFO("largest relative difference " << worst);
+  CHECK(worst <= 1e-5);
+}
+
+TEST_CASE("after a 3-process run only the chief's outputs remain and metrics are written once",
+          "[multiworker]") {
+  TempDir dir("three");
+  make_dataset(dir.path(), "data", 6, 32);  // 30 train, 20 validation
+  write_text(dir / "job.yaml", tiny_job_yaml(2));
+  const auto results = run_cluster(
+      dir.path(), 3,
+      "--config job.yaml --job-dir job --set train.per_replica_batch_size=4" + timeouts());
+  for (const auto& r : results) {
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+  }
+  std::set<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir / "job"))
+    entries.insert(e.path().filename().string());
+  CHECK(entries ==
+        std::set<std::string>{"checkpoints", "job.yaml", "metrics.jsonl", "model", "trainer.log"});
+  // 30 examples / 3 workers = 10 each, batch 4: 2 lock-step steps per epoch, 2 epochs.
+  int64_t steps = 0, vals = 0;
+  for (const auto& rec : read_metrics(dir / "job" / "metrics.jsonl")) {
+    steps += rec.contains("loss") ? 1 : 0;
+    vals += rec.contains("val_accuracy") ? 1 : 0;
+    if (rec.contains("val_accuracy")) CHECK(rec["val_accuracy"].get<double>() >= 0);
+  }
+  CHECK(steps == 4);
+  CHECK(vals == 2);
+  CHECK_THAT(results[0].err, Contains("3 replica"));
+  // Validation is exact: evaluate on the exported model reproduces the distributed result.
+  const Result eval = run_trainer(dir.path(), "evaluate --model job/model --config job.yaml");
+  REQUIRE(eval.code == 0);
+  double last_val = -1;
+  for (const auto& rec : read_metrics(dir / "job" / "metrics.jsonl")) {
+    if (rec.contains("val_accuracy")) last_val = rec["val_accuracy"];
+  }
+  CHECK(nlohmann::json::parse(eval.out)["accuracy"].get<double>() ==
+        Approx(last_val).margin(1e-12));
+  CHECK(nlohmann::json::parse(eval.out)["num_examples"] == 20);
+}
+
+TEST_CASE("uneven shards: the run ends and every worker ran the agreed steps", "[multiworker]") {
+  TempDir dir("uneven");
+  make_dataset(dir.path(), "data", 5, 32);  // 25 images over 2 workers: 13 and 12
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const auto results = run_cluster(dir.path(), 2,
+                                   "--config job.yaml --job-dir job --set data.shard_policy=file "
+                                   "--set train.per_replica_batch_size=4 "
+                                   "--set data.validation.path=" +
+                                       timeouts());
+  for (const auto& r : results) {
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.err, Contains("3 steps per epoch"));  // min(13, 12) / 4
+  }
+  int64_t steps = 0;
+  for (const auto& rec : read_metrics(dir / "job" / "metrics.jsonl")) steps += rec.contains("loss");
+  CHECK(steps == 3);
+}
+
+TEST_CASE("fewer files than workers: auto says it falls back to data, file refuses",
+          "[multiworker]") {
+  TempDir dir("fewfiles");
+  make_dataset(dir.path(), "data", 1, 32, 2);  // 2 training images
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const std::string common = "inspect --config job.yaml --set train.per_replica_batch_size=1";
+  const Result autop = run_trainer(dir.path(), common, {tf_config(3, false, 2222, "worker", 0)});
+  CHECK(autop.code == 2);
+  CHECK_THAT(autop.err, Contains("auto"));
+  CHECK_THAT(autop.err, Contains("-> data"));
+  const Result filep = run_trainer(dir.path(), common + " --set data.shard_policy=file",
+                                   {tf_config(3, false, 2222, "worker", 0)});
+  CHECK(filep.code == 2);
+  CHECK_THAT(filep.err, Contains("data.shard_policy: file needs at least 3 files"));
+  const Result two = run_trainer(dir.path(), common, {tf_config(2, false, 2222, "worker", 1)});
+  INFO(two.err);
+  REQUIRE(two.code == 0);
+  CHECK(nlohmann::json::parse(two.out)["data"]["shard_policy_effective"] == "file");
+}
+
+TEST_CASE("a config that differs on one worker stops every process with exit 2", "[multiworker]") {
+  TempDir dir("mismatch");
+  make_dataset(dir.path(), "data", 4, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const auto results = run_cluster(dir.path(), 2, "--config job.yaml --job-dir job" + timeouts(),
+                                   {"", "--set data.image_size=40"});
+  for (const auto& r : results) {
+    INFO(r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Contains("data.image_size"));
+    CHECK_THAT(r.err, Contains("worker 1"));
+  }
+}
+
+TEST_CASE("a worker killed mid-epoch makes the others exit 4 within the timeout", "[multiworker]") {
+  TempDir dir("killed");
+  make_dataset(dir.path(), "data", 20, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(50));
+  const int port = free_port();
+  const std::string args =
+      "--config job.yaml --job-dir job --set data.validation.path= "
+      "--set distributed.rendezvous_timeout_s=60 --set distributed.timeout_s=5";
+  Background chief(dir.path(), args, {tf_config(2, false, port, "worker", 0)}, "w0");
+  Background worker(dir.path(), args, {tf_config(2, false, port, "worker", 1)}, "w1");
+  for (int i = 0; i < 600 && !fs::exists(dir / "job" / "metrics.jsonl"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(worker.pid(), SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = chief.wait();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.err);
+  CHECK(r.code == 4);
+  CHECK(waited < 30);
+  CHECK(fs::exists(dir / "job" / "workertemp_1"));  // the failed worker's scratch is kept
+}
+
+TEST_CASE("a worker whose chief never comes exits 4 naming the address", "[multiworker]") {
+  TempDir dir("nochief");
+  make_dataset(dir.path(), "data", 4, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = run_trainer(
+      dir.path(), "--config job.yaml --job-dir job --set distributed.rendezvous_timeout_s=3",
+      {tf_config(2, false, port, "worker", 1)});
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.err);
+  CHECK(r.code == 4);
+  CHECK_THAT(r.err, Contains("127.0.0.1:" + std::to_string(port)));
+  CHECK(waited < 20);
+}
