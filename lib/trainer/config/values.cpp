@@ -106,6 +106,10 @@ std::string doc_line(const Field& f) {
 std::string format_double(double v) {
   if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
   char buf[64];
+  if (v == std::floor(v) && std::abs(v) < 1e15) {  // whole numbers as such: 900, not 9e+02
+    auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 0);
+    return std::string(buf, res.ptr);
+  }
   for (int precision = 1; precision <= 17; ++precision) {
     auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general, precision);
     double back = 0;
