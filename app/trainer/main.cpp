@@ -113,8 +113,7 @@ int run(int argc, char** argv) {
       ->add_option("--base-port", launch_opts.base_port,
                    "First port (chief, then workers); 0 = pick free ports")
       ->capture_default_str();
-  launch_cmd->add_option("args", launch_opts.args, "Arguments every process gets, after `--`")
-      ->type_name("-- TRAIN_ARGS");
+  launch_cmd->add_option("train-args", launch_opts.args, "What every process runs, after `--`");
   launch_cmd->positionals_at_end();
   launch_cmd->footer(
       "Example: trainer launch --workers 2 --chief -- --config job.yaml --job-dir DIR\n"

@@ -7,7 +7,6 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -338,8 +338,7 @@ extern "C" void on_launcher_signal(int sig) {
 // ignored) and restores the previous ones on destruction.
 class SignalScope {
  public:
-  SignalScope() {
-    wake_ = make_pipe();
+  SignalScope() : wake_(make_pipe()) {
     for (int fd : {wake_.read, wake_.write}) {
       ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     }
@@ -493,8 +492,15 @@ int run_launch(const LaunchOptions& options) {
     if (first_failure) return;
     first_failure = i;
     const Child& c = set.children[i];
-    spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
-                  c.exit_code);
+    if (c.asked_to_stop) {
+      spdlog::warn(
+          "launch: {} stopped first (exit code {}) after the forwarded signal; "
+          "stopping the others",
+          c.task.name(), c.exit_code);
+    } else {
+      spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
+                    c.exit_code);
+    }
     for (auto& other : set.children) {
       if ((other.running || other.streams_open()) && !other.asked_to_stop) {
         other.signal_group(SIGTERM);

@@ -372,6 +372,7 @@ TEST_CASE("run_launch: SIGTERM and SIGINT to the launcher are forwarded to every
   CHECK(count_of(out.text(), "got-signal\n") == 3);
   CHECK_THAT(log.text(), Contains(std::string("got ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
                                   "; forwarding it to the processes"));
+  CHECK_THAT(log.text(), Contains("stopped first (exit code 7) after the forwarded signal"));
   CHECK(seconds_since(start) < 5);
 }
 
