@@ -230,3 +230,22 @@ TEST_CASE("a worker whose chief never comes exits 4 naming the address", "[multi
   CHECK_THAT(r.err, Contains("127.0.0.1:" + std::to_string(port)));
   CHECK(waited < 20);
 }
+
+TEST_CASE("trainer launch trains a chief and 2 workers in lock-step", "[multiworker][launch]") {
+  TempDir dir("launch");
+  make_dataset(dir.path(), "data", 6, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const Result r = run_trainer(dir.path(),
+                               "launch --chief --workers 2 -- --config job.yaml --job-dir job "
+                               "--set train.per_replica_batch_size=4" +
+                                   timeouts());
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, Contains("[chief] "));
+  CHECK_THAT(r.err, Contains("[worker 1] "));
+  CHECK_THAT(r.out, Contains("[chief] model: job/model"));
+  for (const auto& e : fs::directory_iterator(dir / "job")) {
+    CHECK(e.path().filename().string().rfind("workertemp_", 0) == std::string::npos);
+  }
+  CHECK(fs::exists(dir / "job" / "model" / "model.json"));
+}
