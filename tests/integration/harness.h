@@ -2,6 +2,8 @@
 // environment, capture stdout/stderr and the exit code; write small files; read metrics.
 #pragma once
 
+#include "common/temp_dir.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -46,28 +48,7 @@ inline std::string quote(const std::string& s) {
   return q + "'";
 }
 
-// A fresh directory under the system temp dir, removed when the object dies.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("trainer-it-" + tag + "-" + std::to_string(::getpid()) +
-                                         "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    if (std::getenv("TRAINER_KEEP_TEST_DIRS") == nullptr) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& p) const { return path_ / p; }
-
- private:
-  fs::path path_;
-};
+using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 
 // Runs `trainer ARGS` in `cwd` with extra environment assignments ("K=V"); TF_CONFIG is unset
 // unless given.

@@ -2,6 +2,8 @@
 // image files written with OpenCV at test time (no checked-in data).
 #pragma once
 
+#include "common/temp_dir.h"
+
 #include <unistd.h>
 
 #include <opencv2/core.hpp>
@@ -18,27 +20,7 @@ namespace trainer::data::testing {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("trainer-unit-data-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& rel) const { return path_ / rel; }
-
- private:
-  fs::path path_;
-};
+using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 
 inline void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());

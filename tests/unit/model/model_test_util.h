@@ -2,6 +2,8 @@
 // message of a call. Header-only; not thread-safe (tests run sequentially).
 #pragma once
 
+#include "common/temp_dir.h"
+
 #include <torch/torch.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -17,26 +19,7 @@ namespace trainer::model::testing {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("trainer_model_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 
 // N(0, 1) images from their own generator, so a test's input does not depend on test order.
 inline torch::Tensor seeded_input(std::vector<int64_t> sizes, uint64_t seed) {

@@ -3,6 +3,8 @@
 // (tests run sequentially).
 #pragma once
 
+#include "common/temp_dir.h"
+
 #include <torch/torch.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -21,27 +23,7 @@ namespace trainer::train::testing {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("trainer-unit-train-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& rel) const { return path_ / rel; }
-
- private:
-  fs::path path_;
-};
+using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 
 inline std::string read_bytes(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
