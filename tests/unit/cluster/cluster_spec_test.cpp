@@ -2,6 +2,7 @@
 // table of invalid ones, each checked for "TF_CONFIG: " and the quoted offending part. Also the
 // host:port helpers, to_json, the 'master' log line and cluster_from_env over the real environment.
 #include <catch2/catch.hpp>
+#include "common/log_capture.h"
 
 #include <cstdlib>
 #include <memory>
@@ -103,24 +104,7 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// Captures what spdlog's default logger writes for one scope.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    auto logger = std::make_shared<spdlog::logger>("capture", sink);
-    logger->set_level(spdlog::level::info);
-    spdlog::set_default_logger(logger);
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
+using trainer::test_support::LogCapture;  // tests/common/log_capture.h
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 // stderr, a failing process stopping the others, SIGTERM/SIGINT forwarding, start failures, no
 // leaked pipes, and free-port picking. Nothing here listens on a port, so fixed ports are safe.
 #include <catch2/catch.hpp>
+#include "common/log_capture.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -91,24 +92,7 @@ std::string is_task(const std::string& type, int index) {
          "\"'*) true;; *) false;; esac";
 }
 
-// Routes spdlog (the launcher's own messages) into a string for the life of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    auto logger = std::make_shared<spdlog::logger>("capture", sink);
-    logger->set_level(spdlog::level::info);
-    spdlog::set_default_logger(logger);
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
+using trainer::test_support::LogCapture;  // tests/common/log_capture.h
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
