@@ -61,7 +61,8 @@ int run(int argc, char** argv) {
   train::MakeDatasetOptions make_opts;
   std::string splits = "train,validation";
   auto* make_cmd = app.add_subcommand(
-      "make-dataset", "Write a synthetic, learnable Cassava-like JPEG dataset (ImageFolder)");
+      "make-dataset",
+      "Write a synthetic, learnable Cassava-like dataset (ImageFolder JPEGs or TFRecord shards)");
   make_cmd->add_option("--out", make_opts.out_dir, "Output directory")->required();
   make_cmd->add_option("--classes", make_opts.classes, "Number of classes")->capture_default_str();
   make_cmd
@@ -72,6 +73,23 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   make_cmd->add_option("--seed", make_opts.seed, "Random seed")->capture_default_str();
   make_cmd->add_option("--splits", splits, "Comma-separated split names")->capture_default_str();
+  make_cmd->add_option("--image-height", make_opts.image_height, "Image height (0 = square)")
+      ->capture_default_str();
+  make_cmd->add_option("--format", make_opts.format, "jpeg (ImageFolder) or tfrecord")
+      ->capture_default_str();
+  make_cmd->add_option("--shards", make_opts.shards, "tfrecord: record files per split")
+      ->capture_default_str();
+  make_cmd->add_flag("--tfds", make_opts.tfds,
+                     "tfrecord: write a TFDS dataset directory (dataset_info.json, "
+                     "label.labels.txt, <name>-<split>.tfrecord-NNNNN-of-MMMMM)");
+  make_cmd->add_option("--name", make_opts.name, "tfds: dataset name")->capture_default_str();
+  make_cmd->add_option("--image-key", make_opts.image_key, "tfrecord: image feature")
+      ->capture_default_str();
+  make_cmd
+      ->add_option("--label-key", make_opts.label_key, "tfrecord: label feature (Kaggle: target)")
+      ->capture_default_str();
+  make_cmd->add_option("--compression", make_opts.compression, "tfrecord: none or gzip")
+      ->capture_default_str();
 
   train::PredictOptions predict_opts;
   auto* predict_cmd =

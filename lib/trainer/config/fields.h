@@ -24,12 +24,30 @@ struct NoChecks {
 
 template <class V>
 void visit(SourceSpec& s, V& v) {
-  v("format", s.format, Field("how the examples are listed").one_of({"imagefolder", "csv"}));
-  v("path", s.path, Field("imagefolder: dir of class sub-dirs; csv: the manifest (\"\" = none)"));
+  v("format", s.format,
+    Field("how the examples are listed").one_of({"imagefolder", "csv", "tfrecord"}));
+  v("path", s.path,
+    Field("imagefolder: class dirs; csv: manifest; tfrecord: files, glob or TFDS dir (\"\" = none)")
+        .scalar_or_list());
+  v.check("path", [&s] {
+    if (s.path.size() <= 1 || s.format == "tfrecord") return std::string();
+    return "a list of paths needs format tfrecord, got format " + in_quotes(s.format);
+  });
   v("image_column", s.image_column, Field("csv: column holding the image path (relative)"));
   v("label_column", s.label_column, Field("csv: column holding the label (index or name)"));
   v("image_root", s.image_root,
     Field("csv: dir image paths are relative to (\"\" = the manifest's)"));
+  v("split", s.split,
+    Field("tfrecord TFDS dir: train|validation|test (\"\" = this source's name)"));
+  v.check("split", [&s] {
+    if (s.split.empty() || s.split == "train" || s.split == "validation" || s.split == "test")
+      return std::string();
+    return "expected one of train|validation|test (or \"\"), got " + in_quotes(s.split);
+  });
+  v("image_key", s.image_key, Field("tfrecord: feature with the encoded image (bytes)"));
+  v("label_key", s.label_key, Field("tfrecord: feature with the class index (Kaggle: target)"));
+  v("compression", s.compression,
+    Field("tfrecord: auto = gzip when the file is").one_of({"auto", "none", "gzip"}));
 }
 
 template <class V>
@@ -63,7 +81,7 @@ void visit(DataSpec& s, V& v) {
   v.section("train", s.train, "the training examples (required)");
   v.check("train.path", [&s] {
     return std::string(
-        s.train.path.empty() ? "required (a directory of class folders or a csv manifest)" : "");
+        s.train.path.empty() ? "required (class folders, a csv manifest or TFRecord files)" : "");
   });
   v.section("validation", s.validation, "the validation examples (path \"\" = none)");
   v("class_names", s.class_names, Field("class order ([] = from the train source)"));
@@ -83,6 +101,14 @@ void visit(DataSpec& s, V& v) {
   v("shard_policy", s.shard_policy,
     Field("how workers split the data (auto = file if enough even files, else data)")
         .one_of({"auto", "file", "data", "off"}));
+  v("interleave", s.interleave,
+    Field("tfrecord: record files read at once (tf.data interleave)").at_least(1));
+  v("shuffle_buffer", s.shuffle_buffer,
+    Field("tfrecord: shuffle buffer in examples (tf.data shuffle)").at_least(1));
+  v("cache", s.cache,
+    Field("memory = keep decoded, resized images after first use").one_of({"none", "memory"}));
+  v("reduced_decode", s.reduced_decode,
+    Field("JPEG: decode at 1/2, 1/4, 1/8 scale when that still covers image_size"));
 }
 
 template <class V>

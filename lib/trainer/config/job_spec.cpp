@@ -64,7 +64,10 @@ nlohmann::json json_value(int v, const Field& f) {
 nlohmann::json json_value(int64_t v, const Field&) { return v; }
 nlohmann::json json_value(double v, const Field&) { return v; }
 nlohmann::json json_value(bool v, const Field&) { return v; }
-nlohmann::json json_value(const std::vector<std::string>& v, const Field&) { return v; }
+nlohmann::json json_value(const std::vector<std::string>& v, const Field& f) {
+  if (f.one_scalar && v.size() <= 1) return v.empty() ? "" : v[0];
+  return v;
+}
 
 class JsonWriter : public NoChecks {
  public:

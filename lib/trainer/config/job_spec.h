@@ -16,13 +16,21 @@ namespace trainer::config {
 
 // One place examples are listed from (data.train, data.validation).
 struct SourceSpec {
-  std::string format = "imagefolder";     // imagefolder | csv
-  std::string path;                       // imagefolder: dir with one sub-dir per class;
-                                          // csv: the manifest file. Empty = no such source.
+  std::string format = "imagefolder";  // imagefolder | csv | tfrecord
+  // imagefolder: dir with one sub-dir per class; csv: the manifest file; tfrecord: record files
+  // (a file, a glob, a list of either) or a TFDS dataset directory. Written as one string or a
+  // list. Empty = no such source.
+  std::vector<std::string> path;
   std::string image_column = "image_id";  // csv: column holding the image path (relative)
   std::string label_column = "label";     // csv: column holding the label (index or name)
   std::string image_root;                 // csv: dir the image paths are relative to
                                           // (default: the manifest's directory)
+  std::string split;                      // tfrecord, TFDS dir: train | validation | test
+                                          // ("" = the source's own name: train or validation)
+  std::string image_key = "image";        // tfrecord: feature holding the encoded image (bytes)
+  std::string label_key = "label";        // tfrecord: feature holding the class index (int64);
+                                          // Kaggle's .tfrec files: `target`
+  std::string compression = "auto";  // tfrecord: auto (gzip when the file says so) | none | gzip
   bool enabled() const { return !path.empty(); }
 };
 
@@ -55,6 +63,12 @@ struct DataSpec {
   int prefetch_batches = 2;           // batches decoded ahead of the model
   std::string on_corrupt = "fail";    // fail | skip (counted and logged)
   std::string shard_policy = "auto";  // auto | file | data | off (multi-worker sharding)
+  int interleave = 4;                 // tfrecord: record files read at once (tf.data interleave)
+  int shuffle_buffer = 1000;          // tfrecord: shuffle buffer in examples (tf.data shuffle)
+  std::string cache = "none";         // none | memory: keep decoded, resized images (uint8)
+                                      // after their first use, as tf.data's .cache()
+  bool reduced_decode = true;         // JPEG: decode at 1/2, 1/4 or 1/8 scale (libjpeg DCT
+                                      // scaling) when that still covers image_size
 };
 
 struct OptimizerSpec {

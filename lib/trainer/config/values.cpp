@@ -129,7 +129,8 @@ std::string text(int v, const Field& f) {
 std::string text(int64_t v, const Field&) { return std::to_string(v); }
 std::string text(double v, const Field&) { return format_double(v); }
 std::string text(bool v, const Field&) { return v ? "true" : "false"; }
-std::string text(const std::vector<std::string>& v, const Field&) {
+std::string text(const std::vector<std::string>& v, const Field& f) {
+  if (f.one_scalar && v.size() <= 1) return v.empty() ? "" : v[0];
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) {
     if (i) out += ", ";
@@ -153,7 +154,9 @@ std::string expected(double, const Field& f) {
   return "a number";
 }
 std::string expected(bool, const Field&) { return "true or false"; }
-std::string expected(const std::vector<std::string>&, const Field&) { return "a list of strings"; }
+std::string expected(const std::vector<std::string>&, const Field& f) {
+  return f.one_scalar ? "a string or a list of strings" : "a list of strings";
+}
 
 std::string violation(const std::string& v, const Field& f) {
   if (f.choices.empty()) return "";

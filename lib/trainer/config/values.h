@@ -29,12 +29,17 @@ struct Field {
     zero_name = name;
     return *this;
   }
+  Field& scalar_or_list() {  // a list field that may be written as one scalar (`path: x`)
+    one_scalar = true;
+    return *this;
+  }
 
   const char* doc;
   std::vector<const char*> choices;  // strings: the allowed values (empty = any)
   bool has_min = false, min_open = false, has_max = false, max_open = false;
   double min = 0, max = 0;
   const char* zero_name = nullptr;
+  bool one_scalar = false;  // lists: a scalar reads as a one-element list, which is written so
 
  private:
   Field& lower(double v, bool open) {

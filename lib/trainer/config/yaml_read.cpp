@@ -71,7 +71,9 @@ class Reader {
   void read_leaf(const YAML::Node& n, std::vector<std::string>& v, const Field& f,
                  const std::string& path, const std::string& place) const {
     std::vector<std::string> out;
-    if (!n.IsNull()) {
+    if (f.one_scalar && n.IsScalar()) {
+      if (!n.Scalar().empty()) out.push_back(n.Scalar());
+    } else if (!n.IsNull()) {
       if (!n.IsSequence()) fail(place, path, "expected " + expected(v, f) + ", got " + describe(n));
       for (size_t i = 0; i < n.size(); ++i) {
         const YAML::Node e = n[i];

@@ -43,7 +43,8 @@ std::string yaml_value(const std::string& s, const Field&) {
   return text;
 }
 
-std::string yaml_value(const std::vector<std::string>& v, const Field&) {
+std::string yaml_value(const std::vector<std::string>& v, const Field& f) {
+  if (f.one_scalar && v.size() <= 1) return yaml_value(v.empty() ? "" : v[0], f);
   for (const bool force_quotes : {false, true}) {
     YAML::Emitter e;
     e << YAML::Flow << YAML::BeginSeq;

@@ -30,15 +30,59 @@ torch::Tensor ImagePipeline::load(const std::string& path, uint64_t seed) const 
   return decode(util::read_file(path), path, seed);
 }
 
+namespace {
+
+// Decodes at the reduction the pipeline allows when the next step is a plain resize to `size`.
+cv::Mat decode_for_resize(const std::string& bytes, const std::string& origin, int size,
+                          bool reduced) {
+  const int reduction = reduced ? transforms::jpeg_reduction_for(bytes, size) : 1;
+  return transforms::decode_bgr(bytes, origin, reduction);
+}
+
+}  // namespace
+
 torch::Tensor ImagePipeline::decode(const std::string& bytes, const std::string& origin,
                                     uint64_t seed) const {
-  cv::Mat image = transforms::decode_bgr(bytes, origin);
-  Rng rng(seed);
   const int size = options_.image_size;
-  if (options_.train && options_.random_resized_crop) {
+  const bool crop = options_.train && options_.random_resized_crop;
+  cv::Mat image = crop ? transforms::decode_bgr(bytes, origin)
+                       : decode_for_resize(bytes, origin, size, options_.reduced_decode);
+  Rng rng(seed);
+  if (crop) {
     image = transforms::RandomResizedCrop(size, options_.crop_scale_min)(image, rng);
   } else {
     image = transforms::Resize(size)(image);
+  }
+  if (options_.train && options_.horizontal_flip)
+    image = transforms::HorizontalFlip(0.5)(image, rng);
+  torch::Tensor out = transforms::to_tensor(image);
+  transforms::normalize_(out, options_.normalize);
+  return out;
+}
+
+torch::Tensor ImagePipeline::decode_resized(const std::string& bytes,
+                                            const std::string& origin) const {
+  const int size = options_.image_size;
+  const cv::Mat image =
+      transforms::Resize(size)(decode_for_resize(bytes, origin, size, options_.reduced_decode));
+  torch::Tensor out = torch::empty({size, size, 3}, torch::kUInt8);
+  cv::Mat view(size, size, CV_8UC3, out.data_ptr<uint8_t>());
+  image.copyTo(view);
+  return out;
+}
+
+torch::Tensor ImagePipeline::augment(const torch::Tensor& resized, uint64_t seed) const {
+  const int size = options_.image_size;
+  if (resized.dim() != 3 || resized.size(0) != size || resized.size(1) != size ||
+      resized.size(2) != 3 || resized.scalar_type() != torch::kUInt8 || !resized.is_contiguous()) {
+    throw Error(ErrorKind::kInternal,
+                "ImagePipeline::augment: expected a contiguous [S, S, 3] "
+                "uint8 image from decode_resized");
+  }
+  cv::Mat image(size, size, CV_8UC3, const_cast<uint8_t*>(resized.data_ptr<uint8_t>()));
+  Rng rng(seed);
+  if (options_.train && options_.random_resized_crop) {
+    image = transforms::RandomResizedCrop(size, options_.crop_scale_min)(image, rng);
   }
   if (options_.train && options_.horizontal_flip)
     image = transforms::HorizontalFlip(0.5)(image, rng);

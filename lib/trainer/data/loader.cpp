@@ -12,7 +12,10 @@
 #include <utility>
 
 #include "trainer/data/random.h"
+#include "trainer/data/record_feed.h"
+#include "trainer/data/tf_example.h"
 #include "trainer/util/error.h"
+#include "trainer/util/fs.h"
 #include "trainer/util/rng.h"
 
 namespace trainer::data {
@@ -43,6 +46,7 @@ struct Loader::Impl {
     std::vector<std::string> bad_paths;      // per position; non-empty = skipped (corrupt)
     std::vector<std::string> bad_reasons;    // per position; the DataError's message
     std::vector<std::exception_ptr> errors;  // per position; non-null = the epoch fails
+    std::vector<int64_t> labels;             // per position
     int64_t done = 0;
   };
 
@@ -70,8 +74,27 @@ struct Loader::Impl {
   std::vector<std::string> skipped_paths;
   std::vector<std::thread> threads;
 
+  bool records = false;              // examples are records of record files
+  std::unique_ptr<RecordFeed> feed;  // records only
+  uint64_t feed_generation = 0;
+  std::vector<torch::Tensor> cache;   // options.cache: per example, undefined = not yet
+  std::vector<int64_t> cache_labels;  // per example
+  int64_t cached_count = 0;
+  int64_t cached_bytes = 0;
+
   Impl(std::vector<Example> ex, LoaderOptions opt)
       : examples(std::move(ex)), options(std::move(opt)), pipeline(options.preprocess) {
+    records = !examples.empty() && examples.front().record >= 0;
+    if (records) {
+      const auto ahead = static_cast<size_t>(std::max<int64_t>(options.read_ahead, 1) +
+                                             (options.prefetch_batches + 2) * options.batch_size +
+                                             options.num_workers);
+      feed = std::make_unique<RecordFeed>(&examples, options.record_format.compression, ahead);
+    }
+    if (options.cache) {
+      cache.resize(examples.size());
+      cache_labels.assign(examples.size(), -1);
+    }
     positions = options.order ? static_cast<int64_t>(make_order(0, false).size())
                               : static_cast<int64_t>(examples.size());
     batches = options.drop_last ? positions / options.batch_size
@@ -122,6 +145,7 @@ struct Loader::Impl {
       const uint64_t gen = generation;
       const int64_t ep = epoch;
       const int64_t index = order[static_cast<size_t>(pos)];
+      const uint64_t feed_gen = feed_generation;
       Slot& fresh = slots[b];
       if (fresh.images.empty()) {
         const auto len = static_cast<size_t>(batch_end(b) - batch_begin(b));
@@ -129,6 +153,13 @@ struct Loader::Impl {
         fresh.bad_paths.resize(len);
         fresh.bad_reasons.resize(len);
         fresh.errors.resize(len);
+        fresh.labels.resize(len);
+      }
+      torch::Tensor cached;
+      int64_t cached_label = -1;
+      if (options.cache) {
+        cached = cache[static_cast<size_t>(index)];
+        cached_label = cache_labels[static_cast<size_t>(index)];
       }
       lock.unlock();
 
@@ -136,14 +167,49 @@ struct Loader::Impl {
       const uint64_t seed =
           util::mix_seed(options.seed, {static_cast<uint64_t>(ep), static_cast<uint64_t>(index)});
       torch::Tensor image;
+      int64_t label = example.label;
+      torch::Tensor to_cache;
       std::string bad_path;
       std::string bad_reason;
       std::exception_ptr error;
+      const std::string origin =
+          records ? example.path + " record " + std::to_string(example.record) : example.path;
       try {
-        image = pipeline.load(example.path, seed);
+        if (cached.defined()) {
+          image = pipeline.augment(cached, seed);
+          label = cached_label;
+        } else {
+          std::string bytes;
+          if (records) {
+            std::optional<RecordFeed::Item> item = feed->take(index, feed_gen);
+            if (!item) {  // the epoch was restarted or the loader is stopping
+              lock.lock();
+              continue;
+            }
+            if (!item->error.empty()) throw DataError(item->error);
+            ImageRecord rec = parse_image_example(item->record, options.record_format.image_key,
+                                                  options.record_format.label_key, origin);
+            bytes = std::move(rec.image);
+            label = rec.label;
+            if (options.num_classes > 0 && (label < 0 || label >= options.num_classes)) {
+              throw DataError(origin + ": label " + std::to_string(label) + " (feature '" +
+                              options.record_format.label_key + "') is outside [0, " +
+                              std::to_string(options.num_classes) + ") for the " +
+                              std::to_string(options.num_classes) + " classes");
+            }
+          } else {
+            bytes = util::read_file(example.path);
+          }
+          if (options.cache) {
+            to_cache = pipeline.decode_resized(bytes, origin);
+            image = pipeline.augment(to_cache, seed);
+          } else {
+            image = pipeline.decode(bytes, origin, seed);
+          }
+        }
       } catch (const DataError& e) {
         if (options.skip_corrupt) {
-          bad_path = example.path;
+          bad_path = origin;
           bad_reason = e.what();
         } else {
           error = std::make_exception_ptr(
@@ -156,6 +222,12 @@ struct Loader::Impl {
 
       lock.lock();
       if (stop) return;
+      if (to_cache.defined() && !cache[static_cast<size_t>(index)].defined()) {
+        cache[static_cast<size_t>(index)] = to_cache;
+        cache_labels[static_cast<size_t>(index)] = label;
+        ++cached_count;
+        cached_bytes += to_cache.numel();
+      }
       if (gen != generation) continue;  // the epoch was restarted: discard
       auto it = slots.find(b);
       if (it == slots.end()) continue;
@@ -165,6 +237,7 @@ struct Loader::Impl {
       slot.bad_paths[k] = std::move(bad_path);
       slot.bad_reasons[k] = std::move(bad_reason);
       slot.errors[k] = std::move(error);
+      slot.labels[k] = label;
       if (++slot.done == static_cast<int64_t>(slot.images.size())) done_cv.notify_all();
     }
   }
@@ -216,6 +289,7 @@ Loader::~Loader() {
     impl_->stop = true;
     impl_->abandon_locked();
   }
+  if (impl_->feed) impl_->feed->start({});  // wakes decode threads waiting for a record
   impl_->work_cv.notify_all();
   impl_->done_cv.notify_all();
   for (auto& t : impl_->threads) t.join();
@@ -236,9 +310,37 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
                                           std::to_string(s.batches) + "]");
   }
   std::vector<int64_t> order = s.make_order(epoch);
+  std::vector<int64_t> read;
+  if (s.records) read = s.options.read_order ? s.options.read_order(epoch) : order;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.abandon_locked();
+    if (s.records) {
+      // Read only what this epoch still trains on: the positions from first_batch to the last
+      // batch, less what the cache holds.
+      const int64_t begin = s.batch_begin(first_batch);
+      const int64_t end = s.batches == 0 ? 0 : s.batch_end(s.batches - 1);
+      std::vector<char> needed(s.examples.size(), 0);
+      for (int64_t p = begin; p < end; ++p) {
+        const auto i = static_cast<size_t>(order[static_cast<size_t>(p)]);
+        if (!s.options.cache || !s.cache[i].defined()) needed[i] = 1;
+      }
+      std::vector<int64_t> wanted;
+      wanted.reserve(read.size());
+      for (int64_t i : read) {
+        if (i >= 0 && i < static_cast<int64_t>(needed.size()) && needed[static_cast<size_t>(i)]) {
+          wanted.push_back(i);
+          needed[static_cast<size_t>(i)] = 0;
+        }
+      }
+      for (size_t i = 0; i < needed.size(); ++i) {
+        if (needed[i]) {
+          throw Error(ErrorKind::kInternal, "Loader: example " + std::to_string(i) +
+                                                " is in the epoch's order but not its read order");
+        }
+      }
+      s.feed_generation = s.feed->start(std::move(wanted));
+    }
     s.started = true;
     s.failed = false;
     s.epoch = epoch;
@@ -302,7 +404,7 @@ std::optional<Batch> Loader::next() {
     }
     images.push_back(std::move(slot.images[k]));
     batch.indices.push_back(indices[k]);
-    labels.push_back(s.examples[static_cast<size_t>(indices[k])].label);
+    labels.push_back(slot.labels[k]);
   }
   const int64_t size = s.options.preprocess.image_size;
   batch.images =
@@ -315,5 +417,15 @@ std::optional<Batch> Loader::next() {
 int64_t Loader::skipped_total() const { return impl_->skipped_total; }
 
 std::vector<std::string> Loader::skipped_paths() const { return impl_->skipped_paths; }
+
+int64_t Loader::cached_examples() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->cached_count;
+}
+
+int64_t Loader::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->cached_bytes;
+}
 
 }  // namespace trainer::data

@@ -3,6 +3,10 @@
 // a pool of decode threads that prefetch while the model trains, and batching in order. Example
 // i of epoch e is augmented with the seed mix_seed(seed, {e, i}) (i: its index in the examples
 // vector), so the batches are identical whatever the number of decode threads or the order.
+// Record examples (Example::record >= 0, a tfrecord listing) are read by a RecordFeed in the
+// epoch's read order and parsed (tf.train.Example) on the decode threads, which take the label
+// from the record. With `cache`, each example's decoded, resized uint8 image (and label) is kept
+// after its first use, so later epochs skip reading and decoding it.
 // Not thread-safe: one consumer calls start_epoch()/next(); the pool is internal.
 #pragma once
 
@@ -38,6 +42,13 @@ struct LoaderOptions {
   // Cap on batches per epoch (the agreed lock-step steps of a multi-worker job), applied after
   // drop_last; -1 = no cap.
   int64_t max_batches = -1;
+  // Record sources: the order records are read in for epoch e (the indices of order(e), each
+  // once, each file's records ascending; e.g. record_epoch_order's `read`); empty = order(e).
+  std::function<std::vector<int64_t>(int64_t epoch)> read_order;
+  RecordFormat record_format;  // keys and compression of the records
+  int64_t read_ahead = 1000;   // records the reader may keep ahead (the shuffle buffer)
+  int64_t num_classes = 0;     // > 0: a label outside [0, num_classes) is a data error
+  bool cache = false;          // data.cache: memory
 };
 
 struct Batch {
@@ -74,6 +85,8 @@ class Loader {
 
   int64_t skipped_total() const;                   // corrupt examples skipped so far
   std::vector<std::string> skipped_paths() const;  // the first 100 of them
+  int64_t cached_examples() const;                 // images in the cache (data.cache: memory)
+  int64_t cached_bytes() const;                    // their size
 
  private:
   struct Impl;

@@ -107,6 +107,15 @@ int64_t min_of(const std::vector<int64_t>& v) {
 
 std::vector<FileGroup> files_of(const Listing& listing) {
   std::vector<FileGroup> files;
+  if (listing.is_records()) {
+    for (const RecordFile& f : listing.record_files) {
+      FileGroup g{f.path, {}};
+      g.examples.resize(static_cast<size_t>(f.records));
+      for (int64_t k = 0; k < f.records; ++k) g.examples[static_cast<size_t>(k)] = f.first + k;
+      files.push_back(std::move(g));
+    }
+    return files;
+  }
   files.reserve(listing.examples.size());
   for (size_t i = 0; i < listing.examples.size(); ++i) {
     files.push_back(FileGroup{listing.examples[i].path, {static_cast<int64_t>(i)}});

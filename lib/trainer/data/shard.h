@@ -44,8 +44,8 @@ struct FileGroup {
   std::vector<int64_t> examples;
 };
 
-// One group per example (its path), in listing order: group i holds example i. A source with
-// multi-example files builds its own groups instead.
+// Image sources: one group per example (its path), in listing order: group i holds example i.
+// Record sources: one group per record file, holding its examples in record order.
 std::vector<FileGroup> files_of(const Listing& listing);
 
 struct ShardPlan {

@@ -9,6 +9,7 @@
 #include <set>
 #include <system_error>
 
+#include "trainer/data/record_source.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 
@@ -53,14 +54,13 @@ std::string trim(const std::string& s) {
 
 // ---- imagefolder ------------------------------------------------------------------------------
 
-Listing list_imagefolder(const config::SourceSpec& source, const std::string& origin,
+Listing list_imagefolder(const std::string& path, const std::string& origin,
                          const std::vector<std::string>& class_names) {
-  const fs::path root(source.path);
+  const fs::path root(path);
   std::error_code ec;
-  if (!fs::exists(root, ec))
-    throw DataError(origin + ": directory '" + source.path + "' does not exist");
+  if (!fs::exists(root, ec)) throw DataError(origin + ": directory '" + path + "' does not exist");
   if (!fs::is_directory(root, ec)) {
-    throw DataError(origin + ": '" + source.path +
+    throw DataError(origin + ": '" + path +
                     "' is not a directory (imagefolder expects one sub-directory per class)");
   }
   std::vector<std::string> dirs;
@@ -71,11 +71,11 @@ Listing list_imagefolder(const config::SourceSpec& source, const std::string& or
       }
     }
   } catch (const fs::filesystem_error& e) {
-    throw DataError(origin + ": cannot list '" + source.path + "': " + e.what());
+    throw DataError(origin + ": cannot list '" + path + "': " + e.what());
   }
   std::sort(dirs.begin(), dirs.end());
   if (dirs.empty()) {
-    throw DataError(origin + ": no class sub-directories in '" + source.path +
+    throw DataError(origin + ": no class sub-directories in '" + path +
                     "' (imagefolder expects DIR/<class>/<image>)");
   }
 
@@ -95,7 +95,7 @@ Listing list_imagefolder(const config::SourceSpec& source, const std::string& or
   if (!class_names.empty()) {
     for (const std::string& name : class_names) {
       if (!std::binary_search(dirs.begin(), dirs.end(), name)) {
-        spdlog::warn("{}: no sub-directory for class '{}' in '{}'", origin, name, source.path);
+        spdlog::warn("{}: no sub-directory for class '{}' in '{}'", origin, name, path);
       }
     }
   }
@@ -126,7 +126,7 @@ Listing list_imagefolder(const config::SourceSpec& source, const std::string& or
     for (std::string& f : files) listing.examples.push_back(Example{std::move(f), label});
   }
   if (listing.examples.empty()) {
-    throw DataError(origin + ": no images (.jpg .jpeg .png .bmp) under '" + source.path + "'");
+    throw DataError(origin + ": no images (.jpg .jpeg .png .bmp) under '" + path + "'");
   }
   return listing;
 }
@@ -247,17 +247,16 @@ bool is_inside(const fs::path& root, const fs::path& p) {
   return false;
 }
 
-Listing list_csv(const config::SourceSpec& source, const std::string& origin,
-                 const std::vector<std::string>& class_names) {
-  const fs::path manifest(source.path);
+Listing list_csv(const std::string& path, const config::SourceSpec& source,
+                 const std::string& origin, const std::vector<std::string>& class_names) {
+  const fs::path manifest(path);
   std::error_code ec;
   if (!fs::exists(manifest, ec))
-    throw DataError(origin + ": manifest '" + source.path + "' does not exist");
+    throw DataError(origin + ": manifest '" + path + "' does not exist");
   if (fs::is_directory(manifest, ec)) {
-    throw DataError(origin + ": manifest '" + source.path +
-                    "' is a directory, expected a .csv file");
+    throw DataError(origin + ": manifest '" + path + "' is a directory, expected a .csv file");
   }
-  const std::string where = "manifest '" + source.path + "'";
+  const std::string where = "manifest '" + path + "'";
   std::string text;
   try {
     text = util::read_file(manifest);
@@ -377,9 +376,12 @@ Listing list_csv(const config::SourceSpec& source, const std::string& origin,
 }  // namespace
 
 Listing list_source(const config::SourceSpec& source, const std::string& field,
-                    const std::vector<std::string>& class_names) {
-  const std::string origin = field + " (" + source.format + " '" + source.path + "')";
+                    const std::vector<std::string>& class_names, const ListOptions& options) {
   if (source.path.empty()) throw DataError(field + ".path: no source path given");
+  const std::string more =
+      source.path.size() > 1 ? " and " + std::to_string(source.path.size() - 1) + " more" : "";
+  const std::string origin =
+      field + " (" + source.format + " '" + source.path[0] + "'" + more + ")";
   {
     std::set<std::string> seen;
     for (const std::string& name : class_names) {
@@ -388,9 +390,16 @@ Listing list_source(const config::SourceSpec& source, const std::string& field,
       }
     }
   }
-  if (source.format == "imagefolder") return list_imagefolder(source, origin, class_names);
-  if (source.format == "csv") return list_csv(source, origin, class_names);
-  throw DataError(field + ".format: expected one of imagefolder|csv, got '" + source.format + "'");
+  if (source.format == "tfrecord")
+    return list_tfrecord(source, field, origin, class_names, options);
+  if (source.path.size() != 1) {
+    throw ConfigError(field + ".path: a list of paths needs format tfrecord, got format '" +
+                      source.format + "'");
+  }
+  if (source.format == "imagefolder") return list_imagefolder(source.path[0], origin, class_names);
+  if (source.format == "csv") return list_csv(source.path[0], source, origin, class_names);
+  throw DataError(field + ".format: expected one of imagefolder|csv|tfrecord, got '" +
+                  source.format + "'");
 }
 
 }  // namespace trainer::data

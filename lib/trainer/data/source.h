@@ -10,6 +10,8 @@
 //    manifest's directory; a relative image_root is relative to the working directory) and must
 //    stay inside it, checked lexically (a `../` escape or an absolute path outside is an error).
 //    Rows are numbered from 1 after the header; messages give the row and its line.
+//  - tfrecord: record files (record_source.h): `path` is a file, a glob, a list of them, or a
+//    TFDS dataset directory; records are counted (metadata, cache or a header scan), not read.
 // Stateless and thread-safe (warnings go to spdlog). Throws DataError naming the source, file
 // and row.
 #pragma once
@@ -22,10 +24,18 @@
 
 namespace trainer::data {
 
+struct ListOptions {
+  // tfrecord: a JSON file of record counts per file (keyed by path, size and mtime) read before
+  // scanning ("" = none), and whether to write what was scanned back to it (the chief only).
+  std::string count_cache;
+  bool write_count_cache = false;
+};
+
 // field: the dotted name of the source in the spec ("data.train") for messages.
 // class_names: if non-empty, the labels are mapped to these names (imagefolder: a sub-directory
 // not among them is an error; csv: names or indices must be in range); empty = derive.
 Listing list_source(const config::SourceSpec& source, const std::string& field,
-                    const std::vector<std::string>& class_names = {});
+                    const std::vector<std::string>& class_names = {},
+                    const ListOptions& options = {});
 
 }  // namespace trainer::data

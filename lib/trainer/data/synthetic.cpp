@@ -15,9 +15,14 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "trainer/data/random.h"
+#include "trainer/data/tf_example.h"
+#include "trainer/data/tfrecord.h"
 #include "trainer/data/transforms.h"
 #include "trainer/util/error.h"
+#include "trainer/util/fs.h"
 #include "trainer/util/rng.h"
 
 namespace trainer::data {
@@ -422,6 +427,26 @@ void validate(const SyntheticOptions& o) {
     throw UsageError("make-dataset: --image-size must be >= 16, got " +
                      std::to_string(o.image_size));
   }
+  if (o.image_height != 0 && o.image_height < 16) {
+    throw UsageError("make-dataset: --image-height must be >= 16 (or 0: square), got " +
+                     std::to_string(o.image_height));
+  }
+  if (o.format != "jpeg" && o.format != "tfrecord") {
+    throw UsageError("make-dataset: --format: expected jpeg or tfrecord, got '" + o.format + "'");
+  }
+  if (o.format != "tfrecord" && (o.tfds || o.compression != "none")) {
+    throw UsageError("make-dataset: --tfds and --compression need --format tfrecord");
+  }
+  if (o.shards < 1) {
+    throw UsageError("make-dataset: --shards must be >= 1, got " + std::to_string(o.shards));
+  }
+  if (o.compression != "none" && o.compression != "gzip") {
+    throw UsageError("make-dataset: --compression: expected none or gzip, got '" + o.compression +
+                     "'");
+  }
+  if (o.image_key.empty() || o.label_key.empty() || o.image_key == o.label_key) {
+    throw UsageError("make-dataset: --image-key and --label-key must be two different names");
+  }
   if (o.splits.empty()) throw UsageError("make-dataset: no splits given");
   std::set<std::string> seen;
   for (const std::string& split : o.splits) {
@@ -433,6 +458,93 @@ void validate(const SyntheticOptions& o) {
       throw UsageError("make-dataset: split '" + split + "' is given twice");
     }
   }
+}
+
+std::string shard_name(const SyntheticOptions& o, const std::string& split, int s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%05d-of-%05d", s, o.shards);
+  return o.tfds ? o.name + "-" + split + ".tfrecord-" + buf : split + "-" + buf + ".tfrecord";
+}
+
+// Removes the shards of `split` an earlier run wrote with another shard count.
+void remove_stale_shards(const SyntheticOptions& o, const std::string& split) {
+  const std::string prefix = o.tfds ? o.name + "-" + split + ".tfrecord-" : split + "-";
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (name.find("-of-") == std::string::npos) continue;
+    if (!o.tfds && name.size() < 9) continue;
+    if (!o.tfds && name.compare(name.size() - 9, 9, ".tfrecord") != 0) continue;
+    stale.push_back(entry.path());
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
+}
+
+// Writes each split's encoded images as `shards` record files, example j of a split to shard
+// j mod shards, and (tfds) the TFDS metadata. Returns the files written.
+std::vector<std::string> write_record_shards(const SyntheticOptions& o,
+                                             const SyntheticSummary& summary,
+                                             const std::vector<int64_t>& split_of,
+                                             const std::vector<int64_t>& label_of,
+                                             const std::vector<std::string>& name_of,
+                                             const std::vector<std::string>& encoded) {
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) throw DataError("make-dataset: cannot create '" + o.out_dir + "': " + ec.message());
+  const Compression compression = o.compression == "gzip" ? Compression::kGzip : Compression::kNone;
+  std::vector<std::string> written;
+  nlohmann::json splits = nlohmann::json::array();
+  for (size_t sp = 0; sp < o.splits.size(); ++sp) {
+    remove_stale_shards(o, o.splits[sp]);
+    std::vector<size_t> members;
+    for (size_t j = 0; j < encoded.size(); ++j)
+      if (split_of[j] == static_cast<int64_t>(sp)) members.push_back(j);
+    // Interleave the classes (k0 i0, k1 i0, ..., k0 i1, ...) before dealing to shards, so that
+    // every shard holds every class, as a shuffled TFDS build does.
+    const int64_t per_class = static_cast<int64_t>(members.size()) / o.classes;
+    std::vector<size_t> mixed;
+    for (int64_t i = 0; i < per_class; ++i)
+      for (int k = 0; k < o.classes; ++k)
+        mixed.push_back(members[static_cast<size_t>(k * per_class + i)]);
+    std::vector<std::string> lengths;
+    int64_t bytes_total = 0;
+    for (int s = 0; s < o.shards; ++s) {
+      const std::string path = (fs::path(o.out_dir) / shard_name(o, o.splits[sp], s)).string();
+      RecordWriter writer(path, compression);
+      int64_t n = 0;
+      for (size_t m = static_cast<size_t>(s); m < mixed.size();
+           m += static_cast<size_t>(o.shards)) {
+        const size_t j = mixed[m];
+        const std::string record = make_image_example(
+            encoded[j], label_of[j], o.image_key, o.label_key, {{"image/filename", name_of[j]}});
+        bytes_total += static_cast<int64_t>(record.size());
+        writer.write(record);
+        ++n;
+      }
+      writer.close();
+      lengths.push_back(std::to_string(n));
+      written.push_back(path);
+    }
+    splits.push_back({{"name", o.splits[sp]},
+                      {"numBytes", std::to_string(bytes_total)},
+                      {"shardLengths", lengths}});
+  }
+  if (o.tfds) {
+    const nlohmann::json info = {
+        {"name", o.name},
+        {"version", "0.1.0"},
+        {"description", "Synthetic Cassava-like leaf images written by `trainer make-dataset`."},
+        {"fileFormat", "tfrecord"},
+        {"splits", splits},
+        {"supervisedKeys", {{"input", o.image_key}, {"output", o.label_key}}}};
+    util::write_file_atomic(fs::path(o.out_dir) / "dataset_info.json", info.dump(2) + "\n");
+    std::string labels;
+    for (const auto& name : summary.class_names) labels += name + "\n";
+    util::write_file_atomic(fs::path(o.out_dir) / "label.labels.txt", labels);
+  }
+  return written;
 }
 
 }  // namespace
@@ -456,13 +568,20 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
     size_t split;
     int k;
     int64_t index;
-    fs::path path;
+    fs::path path;  // jpeg: where the image goes; tfrecord: its name in image/filename
   };
   std::vector<Job> jobs;
   const fs::path root(options.out_dir);
+  const bool records = options.format == "tfrecord";
   for (size_t sp = 0; sp < options.splits.size(); ++sp) {
     const int64_t count = sp == 0 ? options.per_class : std::max(4, options.per_class / 4);
     summary.images_per_split.emplace_back(options.splits[sp], count * options.classes);
+    if (records) {
+      for (int k = 0; k < options.classes; ++k)
+        for (int64_t i = 0; i < count; ++i)
+          jobs.push_back(Job{sp, k, i, file_name(summary.class_names[k], i)});
+      continue;
+    }
     for (int k = 0; k < options.classes; ++k) {
       const fs::path dir = root / options.splits[sp] / summary.class_names[k];
       std::error_code ec;
@@ -481,6 +600,7 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
     }
   }
 
+  std::vector<std::string> encoded(records ? jobs.size() : 0);
   std::atomic<size_t> next{0};
   std::mutex error_mu;
   std::exception_ptr error;
@@ -493,12 +613,22 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
         Rng rng(util::mix_seed(options.seed,
                                {static_cast<uint64_t>(job.split), static_cast<uint64_t>(job.k),
                                 static_cast<uint64_t>(job.index)}));
-        const cv::Mat image = render_image(job.k, options.image_size, rng);
+        cv::Mat image = render_image(job.k, options.image_size, rng);
+        if (options.image_height != 0 && options.image_height != options.image_size) {
+          cv::Mat tall;
+          cv::resize(image, tall, cv::Size(options.image_size, options.image_height), 0, 0,
+                     cv::INTER_LINEAR);
+          image = tall;
+        }
         std::vector<uchar> bytes;
         if (!cv::imencode(".jpg", image, bytes, {cv::IMWRITE_JPEG_QUALITY, kJpegQuality})) {
           throw DataError("make-dataset: cannot encode '" + job.path.string() + "'");
         }
-        write_bytes(job.path, bytes);
+        if (records) {
+          encoded[j].assign(bytes.begin(), bytes.end());
+        } else {
+          write_bytes(job.path, bytes);
+        }
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mu);
         if (!error) error = std::current_exception();
@@ -514,6 +644,17 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
   work();
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
+  if (records) {
+    std::vector<int64_t> split_of(jobs.size());
+    std::vector<int64_t> label_of(jobs.size());
+    std::vector<std::string> name_of(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      split_of[j] = static_cast<int64_t>(jobs[j].split);
+      label_of[j] = jobs[j].k;
+      name_of[j] = jobs[j].path.string();
+    }
+    summary.files = write_record_shards(options, summary, split_of, label_of, name_of, encoded);
+  }
   return summary;
 }
 

@@ -1,7 +1,11 @@
 // make-dataset: a synthetic, learnable Cassava-like image set written as JPEG files in the
-// ImageFolder layout DIR/<split>/<class>/<class>_<nnnn>.jpg. Classes (cbb, cbsd, cgm, cmd,
-// healthy, then class5, ...) differ in leaf colour and lesion texture so that a small CNN tells
-// them apart within a few epochs. Deterministic for a seed. Thread-safe (no shared state).
+// ImageFolder layout DIR/<split>/<class>/<class>_<nnnn>.jpg, or (format tfrecord) as TFRecord
+// shards of tf.train.Example records (image_key: the JPEG bytes, label_key: the int64 class,
+// "image/filename"): DIR/<split>-NNNNN-of-MMMMM.tfrecord, or with `tfds` a TFDS dataset
+// directory (dataset_info.json with shardLengths, label.labels.txt,
+// <name>-<split>.tfrecord-NNNNN-of-MMMMM). Examples go to shards round robin. Classes (cbb, cbsd,
+// cgm, cmd, healthy, then class5, ...) differ in leaf colour and lesion texture so that a small CNN
+// tells them apart within a few epochs. Deterministic for a seed. Thread-safe (no shared state).
 #pragma once
 
 #include <cstdint>
@@ -17,12 +21,21 @@ struct SyntheticOptions {
                         // later splits get max(4, per_class / 4)
   int image_size = 96;
   uint64_t seed = 0;
+  int image_height = 0;  // 0 = image_size (square); else image_size wide, this tall
   std::vector<std::string> splits = {"train", "validation"};
+  std::string format = "jpeg";   // jpeg (ImageFolder) | tfrecord
+  int shards = 4;                // tfrecord: files per split
+  bool tfds = false;             // tfrecord: write a TFDS dataset directory
+  std::string name = "cassava";  // tfds: the dataset name in file names and dataset_info.json
+  std::string image_key = "image";
+  std::string label_key = "label";
+  std::string compression = "none";  // tfrecord: none | gzip
 };
 
 struct SyntheticSummary {
   std::vector<std::string> class_names;
   std::vector<std::pair<std::string, int64_t>> images_per_split;
+  std::vector<std::string> files;  // tfrecord: the shards written
 };
 
 // Images are rendered by a few threads, each from mix_seed(seed, {split index, class, index}),

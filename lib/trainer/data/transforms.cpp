@@ -60,7 +60,49 @@ bool jpeg_is_truncated(const std::string& bytes) {
   return eoi == std::string::npos || eoi < sos;
 }
 
-cv::Mat decode_bgr(const std::string& bytes, const std::string& origin) {
+bool jpeg_size(const std::string& bytes, int* width, int* height) {
+  if (!looks_like_jpeg(bytes)) return false;
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  size_t i = 2;
+  while (i + 4 <= n) {
+    if (b[i] != 0xFF) return false;
+    const unsigned char marker = b[i + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (marker == 0xD8 || (marker >= 0xD0 && marker <= 0xD7) || marker == 0x01) {
+      i += 2;  // markers without a length
+      continue;
+    }
+    const size_t len = (static_cast<size_t>(b[i + 2]) << 8) | b[i + 3];
+    if (len < 2) return false;
+    const bool sof =
+        marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
+    if (sof) {
+      if (i + 9 > n) return false;
+      *height = (b[i + 5] << 8) | b[i + 6];
+      *width = (b[i + 7] << 8) | b[i + 8];
+      return *width > 0 && *height > 0;
+    }
+    if (marker == 0xDA || marker == 0xD9) return false;  // scan data before any frame header
+    i += 2 + len;
+  }
+  return false;
+}
+
+int jpeg_reduction_for(const std::string& bytes, int min_side) {
+  int w = 0;
+  int h = 0;
+  if (min_side < 1 || !jpeg_size(bytes, &w, &h)) return 1;
+  for (const int r : {8, 4, 2}) {
+    if ((w + r - 1) / r >= min_side && (h + r - 1) / r >= min_side) return r;
+  }
+  return 1;
+}
+
+cv::Mat decode_bgr(const std::string& bytes, const std::string& origin, int reduction) {
   const std::string where = "cannot decode image '" + origin + "': ";
   if (bytes.empty()) throw DataError(where + "the file is empty");
   if (bytes.size() > static_cast<size_t>(INT_MAX)) throw DataError(where + "the file is too large");
@@ -72,7 +114,11 @@ cv::Mat decode_bgr(const std::string& bytes, const std::string& origin) {
   const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
   cv::Mat image;
   try {
-    image = cv::imdecode(buffer, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+    int flags = cv::IMREAD_COLOR;
+    if (reduction == 2) flags = cv::IMREAD_REDUCED_COLOR_2;
+    if (reduction == 4) flags = cv::IMREAD_REDUCED_COLOR_4;
+    if (reduction == 8) flags = cv::IMREAD_REDUCED_COLOR_8;
+    image = cv::imdecode(buffer, flags | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
     throw DataError(where + "OpenCV: " + e.what());
   }

@@ -25,9 +25,18 @@ bool looks_like_jpeg(const std::string& bytes);
 bool jpeg_is_truncated(const std::string& bytes);
 
 // Decodes encoded bytes to an 8-bit BGR image (cv::IMREAD_COLOR, EXIF orientation ignored as
-// tf.image.decode_jpeg and PIL do). Throws DataError naming `origin` for empty, truncated or
-// undecodable data.
-cv::Mat decode_bgr(const std::string& bytes, const std::string& origin);
+// tf.image.decode_jpeg and PIL do). reduction 2, 4 or 8 decodes a JPEG at that fraction of its
+// size through libjpeg's DCT scaling (cv::IMREAD_REDUCED_COLOR_*), far cheaper than a full
+// decode. Throws DataError naming `origin` for empty, truncated or undecodable data.
+cv::Mat decode_bgr(const std::string& bytes, const std::string& origin, int reduction = 1);
+
+// Width and height from a JPEG's frame header (SOFn), without decoding; false when `bytes` is
+// not a JPEG or has no readable frame header.
+bool jpeg_size(const std::string& bytes, int* width, int* height);
+
+// The largest reduction in {8, 4, 2} whose decoded image (ceil(side / r), as libjpeg scales)
+// still has both sides >= min_side, else 1. Non-JPEG data: 1.
+int jpeg_reduction_for(const std::string& bytes, int min_side);
 
 // Resize to size x size, bilinear (cv::INTER_LINEAR, half-pixel centres as tf.image.resize).
 struct Resize {

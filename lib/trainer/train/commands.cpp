@@ -148,7 +148,9 @@ int run_train(const TrainOptions& options) {
 
   // 3. The data plan, and proof that every process runs the same job.
   DataPlan plan;
-  agree(*group, cluster, "listing the data", [&] { plan = plan_data(spec, cluster); });
+  agree(*group, cluster, "listing the data", [&] {
+    plan = plan_data(spec, cluster, list_options_for(job_dir.root().string(), job_dir.is_chief()));
+  });
   verify_same_job(*group, cluster,
                   job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr));
 
@@ -201,7 +203,7 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
     const cluster::JobDir job_dir(options.job_dir, cluster);
     doc["cluster"]["write_dir"] = job_dir.write_dir().string();
   }
-  const DataPlan plan = plan_data(spec, cluster);
+  const DataPlan plan = plan_data(spec, cluster, list_options_for(options.job_dir, false));
   doc["data"] = to_json(plan);
   doc["fingerprint"] = config::fingerprint(spec);
   out << doc.dump(2) << "\n";
@@ -221,8 +223,10 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   config::DataSpec data = spec.data;
   data.image_size = loaded.info.image_size;  // preprocess exactly as the model was trained
   data.normalize = loaded.info.normalize;
-  data::Loader loader(listing.examples,
-                      eval_loader_options(data, spec.train.per_replica_batch_size));
+  data.reduced_decode = loaded.info.reduced_decode;
+  data.cache = "none";  // one pass
+  data::Loader loader(listing.examples, eval_loader_options(data, spec.train.per_replica_batch_size,
+                                                            listing, loaded.info.num_classes));
 
   ModelSettings settings;
   settings.device = resolve_device(spec.train.device);
@@ -245,6 +249,7 @@ int run_predict(const PredictOptions& options, std::ostream& out) {
   data::PreprocessOptions pre;
   pre.image_size = loaded.info.image_size;
   pre.normalize = loaded.info.normalize;
+  pre.reduced_decode = loaded.info.reduced_decode;
   const data::ImagePipeline pipeline(pre);
 
   ModelSettings settings;
@@ -275,6 +280,7 @@ int run_make_dataset(const MakeDatasetOptions& options, std::ostream& out) {
   const data::SyntheticSummary summary = data::make_synthetic_dataset(options);
   nlohmann::json doc = {{"out", options.out_dir}, {"classes", summary.class_names}};
   for (const auto& [split, n] : summary.images_per_split) doc["images"][split] = n;
+  if (!summary.files.empty()) doc["files"] = summary.files;
   out << doc.dump() << "\n";
   return 0;
 }

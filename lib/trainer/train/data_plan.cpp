@@ -1,14 +1,17 @@
 #include "trainer/train/data_plan.h"
 
 #include <algorithm>
+#include <memory>
 
+#include "trainer/data/record_order.h"
 #include "trainer/data/source.h"
 #include "trainer/util/error.h"
 
 namespace trainer::train {
 
 data::Listing list_split(const config::DataSpec& spec, const std::string& split,
-                         const std::vector<std::string>& class_names) {
+                         const std::vector<std::string>& class_names,
+                         const data::ListOptions& list) {
   if (split != "train" && split != "validation") {
     throw UsageError("--split: expected train|validation, got '" + split + "'");
   }
@@ -17,12 +20,20 @@ data::Listing list_split(const config::DataSpec& spec, const std::string& split,
     throw ConfigError("data." + split + ".path: not set in the job spec, so there is no '" + split +
                       "' data to read");
   }
-  return data::list_source(source, "data." + split, class_names);
+  return data::list_source(source, "data." + split, class_names, list);
 }
 
-DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
+data::ListOptions list_options_for(const std::string& job_dir, bool chief) {
+  data::ListOptions o;
+  if (!job_dir.empty()) o.count_cache = job_dir + "/record_counts.json";
+  o.write_count_cache = chief && !job_dir.empty();
+  return o;
+}
+
+DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
+                   const data::ListOptions& list) {
   DataPlan plan;
-  plan.train = list_split(spec.data, "train", spec.data.class_names);
+  plan.train = list_split(spec.data, "train", spec.data.class_names, list);
   plan.class_names = plan.train.class_names;
   plan.num_classes = static_cast<int64_t>(plan.class_names.size());
   if (spec.model.num_classes != 0 && spec.model.num_classes != plan.num_classes) {
@@ -31,7 +42,7 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
                       " classes (use `auto`)");
   }
   if (spec.data.validation.enabled()) {
-    plan.validation = list_split(spec.data, "validation", plan.class_names);
+    plan.validation = list_split(spec.data, "validation", plan.class_names, list);
   }
   const int64_t batch = spec.train.per_replica_batch_size;
   plan.worker = std::max(cluster.rank, 0);
@@ -60,6 +71,9 @@ data::LoaderOptions base_options(const config::DataSpec& data, const config::Tra
   o.preprocess.horizontal_flip = data.augment.horizontal_flip;
   o.preprocess.random_resized_crop = data.augment.random_resized_crop;
   o.preprocess.crop_scale_min = data.augment.crop_scale_min;
+  o.preprocess.reduced_decode = data.reduced_decode;
+  o.cache = data.cache == "memory";
+  o.read_ahead = data.shuffle_buffer;
   o.batch_size = train.per_replica_batch_size;
   o.shuffle = data.shuffle;
   o.drop_last = true;
@@ -74,7 +88,20 @@ data::LoaderOptions base_options(const config::DataSpec& data, const config::Tra
 data::LoaderOptions train_loader_options(const config::DataSpec& data,
                                          const config::TrainSpec& train, const DataPlan& plan) {
   data::LoaderOptions o = base_options(data, train);
-  if (plan.num_workers > 1) {
+  o.num_classes = plan.num_classes;
+  if (plan.train.is_records()) {
+    o.record_format = plan.train.record_format;
+    const data::RecordOrderOptions ro{o.seed, data.shuffle, data.interleave,
+                                      static_cast<int64_t>(data.shuffle_buffer)};
+    const auto files =
+        std::make_shared<const std::vector<data::FileGroup>>(data::files_of(plan.train));
+    o.order = [files, shard = plan.shard, ro](int64_t epoch) {
+      return data::record_epoch_order(*files, shard, ro, epoch).emit;
+    };
+    o.read_order = [files, shard = plan.shard, ro](int64_t epoch) {
+      return data::record_epoch_order(*files, shard, ro, epoch).read;
+    };
+  } else if (plan.num_workers > 1) {
     const auto n = static_cast<int64_t>(plan.train.examples.size());
     o.order = [shard = plan.shard, n, seed = o.seed, shuffle = o.shuffle](int64_t epoch) {
       return data::worker_epoch_order(shard, n, seed, epoch, shuffle, shard.worker,
@@ -86,8 +113,12 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
 }
 
 data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size,
-                                        int64_t num_examples, int worker, int num_workers) {
+                                        const data::Listing& listing, int64_t num_classes,
+                                        int worker, int num_workers) {
+  const auto num_examples = static_cast<int64_t>(listing.examples.size());
   data::LoaderOptions o = base_options(data, config::TrainSpec{});
+  o.record_format = listing.record_format;
+  o.num_classes = num_classes;
   o.preprocess.train = false;
   o.batch_size = batch_size;
   o.shuffle = false;
@@ -111,6 +142,29 @@ nlohmann::json to_json(const DataPlan& plan) {
   j["shard_policy_effective"] = plan.shard.policy_effective;
   j["shard_reason"] = plan.shard.reason;
   j["files_this_worker"] = plan.shard.files_this_worker.size();
+  // Every worker's share (the plan is a pure function of the listing): record sources list the
+  // files each worker reads; image sources (one file per image) only count them.
+  const std::vector<data::FileGroup> files = data::files_of(plan.train);
+  const int64_t batch = plan.global_batch_size / std::max(plan.num_workers, 1);
+  nlohmann::json workers = nlohmann::json::array();
+  for (int r = 0; r < plan.num_workers; ++r) {
+    const data::ShardPlan share =
+        data::plan_shards(files, plan.shard.policy_requested, r, plan.num_workers, batch);
+    nlohmann::json w = {{"worker", r},
+                        {"examples", share.examples_this_worker},
+                        {"files", share.files_this_worker.size()}};
+    if (plan.train.is_records()) {
+      nlohmann::json paths = nlohmann::json::array();
+      for (int64_t f : share.files_this_worker) paths.push_back(files[static_cast<size_t>(f)].path);
+      w["record_files"] = paths;
+    }
+    workers.push_back(w);
+  }
+  j["workers"] = workers;
+  if (plan.train.is_records()) {
+    j["record_files"] = plan.train.record_files.size();
+    j["record_counts_from"] = plan.train.counts_from;
+  }
   j["examples_this_worker"] = plan.shard.examples_this_worker;
   j["examples_per_worker"] = plan.shard.examples_per_worker;
   return j;

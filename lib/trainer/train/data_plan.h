@@ -15,6 +15,7 @@
 #include "trainer/data/example.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/shard.h"
+#include "trainer/data/source.h"
 
 namespace trainer::train {
 
@@ -32,20 +33,26 @@ struct DataPlan {
 
 // Lists the sources and derives the numbers. Throws DataError (unreadable sources) or
 // ConfigError (model.num_classes disagrees with the data; fewer examples than one batch).
-DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster);
+// `list` says where tfrecord record counts are cached (the job dir; only the chief writes it).
+DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
+                   const data::ListOptions& list = {});
 
 // Lists one source of the spec ("train" or "validation") with the given class names.
 data::Listing list_split(const config::DataSpec& spec, const std::string& split,
-                         const std::vector<std::string>& class_names);
+                         const std::vector<std::string>& class_names,
+                         const data::ListOptions& list = {});
+
+// The count cache of a job dir: <job dir>/record_counts.json, written by the chief.
+data::ListOptions list_options_for(const std::string& job_dir, bool chief);
 
 // Training batches of this worker's shard, `plan.steps_per_epoch` of them each epoch.
 data::LoaderOptions train_loader_options(const config::DataSpec& data,
                                          const config::TrainSpec& train, const DataPlan& plan);
-// Evaluation batches in listing order: all of `num_examples`, or with num_workers > 1 this
+// Evaluation batches of `listing` in listing order: all of it, or with num_workers > 1 this
 // worker's positions worker, worker+N, ... (each example evaluated once across the cluster).
 data::LoaderOptions eval_loader_options(const config::DataSpec& data, int64_t batch_size,
-                                        int64_t num_examples = 0, int worker = 0,
-                                        int num_workers = 1);
+                                        const data::Listing& listing, int64_t num_classes,
+                                        int worker = 0, int num_workers = 1);
 
 // inspect's `data` object.
 nlohmann::json to_json(const DataPlan& plan);

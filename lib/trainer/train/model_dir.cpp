@@ -16,6 +16,7 @@ nlohmann::json ModelInfo::to_json() const {
           {"class_names", class_names},
           {"image_size", image_size},
           {"normalize", normalize},
+          {"reduced_decode", reduced_decode},
           {"precision", precision},
           {"channels_last", channels_last},
           {"global_step", global_step},
@@ -53,6 +54,7 @@ LoadedModel load_model_dir(const fs::path& dir) {
     i.class_names = j.at("class_names").get<std::vector<std::string>>();
     i.image_size = j.at("image_size").get<int>();
     i.normalize = j.at("normalize").get<std::string>();
+    i.reduced_decode = j.value("reduced_decode", false);  // absent: trained before it existed
     i.precision = j.value("precision", "fp32");
     i.channels_last = j.value("channels_last", false);
     i.global_step = j.value("global_step", int64_t{0});

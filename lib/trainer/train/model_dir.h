@@ -24,6 +24,7 @@ struct ModelInfo {
   std::vector<std::string> class_names;
   int image_size = 224;
   std::string normalize = "imagenet";
+  bool reduced_decode = true;      // JPEG DCT-scaled decode (data.reduced_decode)
   std::string precision = "fp32";  // what it was trained with (evaluate/predict reuse it)
   bool channels_last = false;
   int64_t global_step = 0;

@@ -71,6 +71,11 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::
                spec.train.precision, settings.channels_last ? ", channels_last" : "");
   spdlog::info("data: {} training examples in {} classes [{}] from {}", plan.train.examples.size(),
                plan.num_classes, fmt::join(plan.class_names, ", "), plan.train.origin);
+  if (plan.train.is_records()) {
+    spdlog::info("data: {} record files, counts from {}; interleave {}, shuffle buffer {}",
+                 plan.train.record_files.size(), plan.train.counts_from, spec.data.interleave,
+                 spec.data.shuffle_buffer);
+  }
   if (plan.validation) {
     spdlog::info("data: {} validation examples from {}", plan.validation->examples.size(),
                  plan.validation->origin);
@@ -109,9 +114,8 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   if (plan.validation) {
     val_loader = std::make_unique<data::Loader>(
         plan.validation->examples,
-        eval_loader_options(spec.data, spec.train.per_replica_batch_size,
-                            static_cast<int64_t>(plan.validation->examples.size()), plan.worker,
-                            plan.num_workers));
+        eval_loader_options(spec.data, spec.train.per_replica_batch_size, *plan.validation,
+                            plan.num_classes, plan.worker, plan.num_workers));
   }
 
   // 2. Model: built from the seed, then the chief's weights everywhere.
@@ -242,6 +246,11 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       spdlog::warn("{} corrupt training images skipped so far (data.on_corrupt: skip)",
                    train_loader.skipped_total());
     }
+    if (spec.data.cache == "memory") {
+      spdlog::info("data.cache: memory holds {} of {} training images, {:.1f} MiB",
+                   train_loader.cached_examples(), train_loader.num_examples(),
+                   static_cast<double>(train_loader.cached_bytes()) / (1024.0 * 1024.0));
+    }
 
     const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
     std::map<std::string, double> epoch_metrics = {
@@ -297,6 +306,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     info.class_names = plan.class_names;
     info.image_size = spec.data.image_size;
     info.normalize = spec.data.normalize;
+    info.reduced_decode = spec.data.reduced_decode;
     info.precision = spec.train.precision;
     info.channels_last = spec.train.channels_last;
     info.global_step = pos.global_step;

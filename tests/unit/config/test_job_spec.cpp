@@ -120,15 +120,16 @@ const std::vector<Bad> kBad = {
      {"job.yaml:2: model.arch: expected one of "
       "resnet18|resnet34|resnet50|resnet101|resnet152, got 'vgg16'"}},
     {"bad train format",
-     "data:\n  train:\n    path: /d\n    format: tfrecord\n",
+     "data:\n  train:\n    path: /d\n    format: tfrecords\n",
      {},
      true,
-     {"job.yaml:4: data.train.format: expected one of imagefolder|csv, got 'tfrecord'"}},
+     {"job.yaml:4: data.train.format: expected one of imagefolder|csv|tfrecord, got 'tfrecords'"}},
     {"bad validation format",
      "data:\n  validation:\n    format: parquet\n",
      {},
      false,
-     {"job.yaml:3: data.validation.format: expected one of imagefolder|csv, got 'parquet'"}},
+     {"job.yaml:3: data.validation.format: expected one of imagefolder|csv|tfrecord, got "
+      "'parquet'"}},
     {"bad normalize",
      "data:\n  normalize: none\n",
      {},
@@ -339,7 +340,7 @@ const std::vector<Bad> kBad = {
      "",
      {},
      true,
-     {"job.yaml: data.train.path: required (a directory of class folders or a csv manifest)"}},
+     {"job.yaml: data.train.path: required (class folders, a csv manifest or TFRecord files)"}},
     {"train path missing, section present",
      "data:\n  train:\n    format: csv\n",
      {},
@@ -650,7 +651,7 @@ TEST_CASE("valid job specs and overrides", "[config]") {
 TEST_CASE("an empty document gives every default", "[config]") {
   const JobSpec parsed = parse_job_spec("", {kTrainPath}, "job.yaml");
   JobSpec expected;
-  expected.data.train.path = "/d";
+  expected.data.train.path = {"/d"};
   CHECK(flatten(parsed) == flatten(expected));
   CHECK(parsed.model.num_classes == 0);
   CHECK(parsed.train.optimizer.learning_rate == 1e-4);
@@ -667,7 +668,7 @@ TEST_CASE("typed values land in the struct", "[config]") {
   CHECK(s.model.arch == "resnet18");
   CHECK(s.model.num_classes == 5);
   CHECK(s.model.head_hidden == 256);
-  CHECK(s.data.train.path == "tr");
+  CHECK(s.data.train.path == std::vector<std::string>{"tr"});
   CHECK(s.data.validation.enabled());
   CHECK(s.data.class_names == std::vector<std::string>{"a", "b"});
   CHECK(s.train.optimizer.learning_rate == 0.003);
@@ -675,7 +676,7 @@ TEST_CASE("typed values land in the struct", "[config]") {
 
 TEST_CASE("validate_job_spec checks specs built in code", "[config]") {
   JobSpec s;
-  s.data.train.path = "/d";
+  s.data.train.path = {"/d"};
   CHECK_NOTHROW(trainer::config::validate_job_spec(s, "test"));
   s.train.optimizer.momentum = 1.5;
   CHECK_THROWS_WITH(trainer::config::validate_job_spec(s, "test"),
@@ -712,7 +713,44 @@ TEST_CASE("load_job_spec reads a file and names it in errors", "[config]") {
   CHECK_THROWS_WITH(trainer::config::load_job_spec((dir / "missing.yaml").string(), {}),
                     Contains("missing.yaml"));
   CHECK_THROWS_WITH(trainer::config::load_job_spec(dir.string(), {}), Contains(dir.string()));
-  CHECK(trainer::config::load_job_spec("", {kTrainPath}).data.train.path == "/d");
+  CHECK(trainer::config::load_job_spec("", {kTrainPath}).data.train.path ==
+        std::vector<std::string>{"/d"});
   CHECK_THROWS_WITH(trainer::config::load_job_spec("", {}), Contains("data.train.path: required"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("tfrecord sources: path as a string or a list, split, keys", "[config]") {
+  const JobSpec s = parse_job_spec(
+      "data:\n  train:\n    format: tfrecord\n    path: [a/*.tfrec, b.tfrec]\n"
+      "    label_key: target\n  validation: {format: tfrecord, path: tfds, split: test}\n",
+      {}, "job.yaml");
+  CHECK(s.data.train.path == std::vector<std::string>{"a/*.tfrec", "b.tfrec"});
+  CHECK(s.data.train.label_key == "target");
+  CHECK(s.data.train.image_key == "image");
+  CHECK(s.data.validation.path == std::vector<std::string>{"tfds"});
+  CHECK(s.data.validation.split == "test");
+  CHECK(s.data.interleave == 4);
+  CHECK(s.data.shuffle_buffer == 1000);
+  CHECK(s.data.cache == "none");
+  // One path is written back as a plain string, a list as a flow list.
+  CHECK_THAT(trainer::config::to_yaml(s), Contains("    path: [a/*.tfrec, b.tfrec]"));
+  CHECK_THAT(trainer::config::to_yaml(s), Contains("    path: tfds"));
+  CHECK(trainer::config::to_json(s)["data"]["validation"]["path"] == "tfds");
+  CHECK_THROWS_WITH(
+      parse_job_spec("data:\n  train: {path: [a, b]}\n", {}, "job.yaml"),
+      Contains("data.train.path: a list of paths needs format tfrecord, got format 'imagefolder'"));
+  CHECK_THROWS_WITH(
+      parse_job_spec("data:\n  train: {format: tfrecord, path: d, split: dev}\n", {}, "job.yaml"),
+      Contains("data.train.split: expected one of train|validation|test"));
+  CHECK_THROWS_WITH(parse_job_spec("data:\n  train: {path: {a: 1}}\n", {}, "job.yaml"),
+                    Contains("data.train.path: expected a string or a list of strings"));
+  CHECK_THROWS_WITH(parse_job_spec("data:\n  train: {path: d}\n  cache: disk\n", {}, "job.yaml"),
+                    Contains("data.cache: expected one of none|memory, got 'disk'"));
+  // --set with a flow list or an empty value (no validation source).
+  const JobSpec o = parse_job_spec(
+      "",
+      {"data.train.format=tfrecord", "data.train.path=[x.tfrec, y.tfrec]", "data.validation.path="},
+      "job.yaml");
+  CHECK(o.data.train.path.size() == 2);
+  CHECK_FALSE(o.data.validation.enabled());
 }

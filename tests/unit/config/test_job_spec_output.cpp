@@ -16,7 +16,7 @@ namespace {
 
 JobSpec minimal() {
   JobSpec s;
-  s.data.train.path = "/data/train";
+  s.data.train.path = {"/data/train"};
   return s;
 }
 
@@ -29,8 +29,11 @@ JobSpec every_field_changed() {
   s.model.pretrained = "/weights/resnet18 imagenet.safetensors";
   s.model.freeze_backbone = true;
   s.model.freeze_batchnorm = true;
-  s.data.train = {"csv", "/data/train.csv", "file", "y", "/data/images"};
-  s.data.validation = {"csv", "val: #1.csv", "img", "cls", "~"};
+  s.data.train = {"csv", {"/data/train.csv"}, "file", "y", "/data/images", "test", "img", "target",
+                  "gzip"};
+  s.data.validation = {
+      "tfrecord", {"val: #1.tfrec", "b*.tfrec"}, "img", "cls", "~", "validation", "jpeg", "y",
+      "none"};
   s.data.class_names = {"cbb", "cbsd, mild", "null", "true", "a'b"};
   s.data.image_size = 300;
   s.data.normalize = "unit";
@@ -41,6 +44,10 @@ JobSpec every_field_changed() {
   s.data.prefetch_batches = 4;
   s.data.on_corrupt = "skip";
   s.data.shard_policy = "file";
+  s.data.interleave = 2;
+  s.data.shuffle_buffer = 64;
+  s.data.cache = "memory";
+  s.data.reduced_decode = false;
   s.train.epochs = 40;
   s.train.per_replica_batch_size = 16;
   s.train.optimizer = {"sgd", 0.1 / 3, 0.95, 1e-5, true};
@@ -93,6 +100,8 @@ TEST_CASE("to_yaml round-trips a spec with every field changed", "[config]") {
   CHECK(flatten(back) == flatten(s));
   CHECK(back.train.optimizer.learning_rate == s.train.optimizer.learning_rate);  // exact
   CHECK(back.data.validation.image_root == "~");
+  CHECK(back.data.validation.path == s.data.validation.path);
+  CHECK(back.data.train.path == s.data.train.path);
   CHECK(back.data.class_names == s.data.class_names);
 }
 
@@ -128,7 +137,7 @@ TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
 
 TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
   const auto flat = flatten(minimal());
-  REQUIRE(flat.size() == 57);
+  REQUIRE(flat.size() == 69);
   CHECK(flat.front().first == "model.arch");
   CHECK(flat.back().first == "logging.level");
   std::set<std::string> paths;
@@ -212,7 +221,7 @@ TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]
   // Workers of one job compare fingerprints, possibly built on different machines. This value
   // changes only when the field table (names, order) or the canonical text changes: update it
   // on purpose, never to make the test pass.
-  CHECK(fingerprint(minimal()) == "785f791c5bc14f7f023b33fffe268739");
+  CHECK(fingerprint(minimal()) == "1f1b92a884cd5bc8af40c0497a9d3b3c");
 }
 
 TEST_CASE("to_json has the same tree", "[config]") {

@@ -17,14 +17,14 @@ namespace {
 config::SourceSpec folder_spec(const fs::path& dir) {
   config::SourceSpec s;
   s.format = "imagefolder";
-  s.path = dir.string();
+  s.path = {dir.string()};
   return s;
 }
 
 config::SourceSpec csv_spec(const fs::path& manifest) {
   config::SourceSpec s;
   s.format = "csv";
-  s.path = manifest.string();
+  s.path = {manifest.string()};
   return s;
 }
 

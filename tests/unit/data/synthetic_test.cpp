@@ -60,14 +60,14 @@ TEST_CASE("make_synthetic_dataset writes the ImageFolder layout with the right c
   CHECK(fs::exists(tmp / "test/cmd/cmd_0003.jpg"));
 
   config::SourceSpec spec;
-  spec.path = (tmp / "train").string();
+  spec.path = {(tmp / "train").string()};
   const Listing train = list_source(spec, "data.train");
   CHECK(train.class_names == s.class_names);
   REQUIRE(train.examples.size() == 30);
   for (size_t i = 0; i < train.examples.size(); ++i) {
     CHECK(train.examples[i].label == static_cast<int64_t>(i / 6));
   }
-  spec.path = (tmp / "validation").string();
+  spec.path = {(tmp / "validation").string()};
   CHECK(list_source(spec, "data.validation").examples.size() == 20);
 
   // Real JPEGs of the requested size that the pipeline decodes.
@@ -85,7 +85,7 @@ TEST_CASE("make_synthetic_dataset writes the ImageFolder layout with the right c
     make_synthetic_dataset(o);
     CHECK(fs::exists(tmp / "train/cbb/cbb_0001.jpg"));
     CHECK_FALSE(fs::exists(tmp / "train/cbb/cbb_0002.jpg"));
-    spec.path = (tmp / "train").string();
+    spec.path = {(tmp / "train").string()};
     CHECK(list_source(spec, "data.train").examples.size() == 10);
   }
 }
@@ -154,14 +154,14 @@ TEST_CASE("synthetic classes are learnable: colour histograms separate them", "[
     return h;
   };
   config::SourceSpec spec;
-  spec.path = (tmp / "train").string();
+  spec.path = {(tmp / "train").string()};
   const Listing train = list_source(spec, "data.train");
   std::vector<std::vector<double>> centroid(5, std::vector<double>(512, 0.0));
   for (const Example& e : train.examples) {
     const std::vector<double> h = histogram(e.path);
     for (int k = 0; k < 512; ++k) centroid[e.label][k] += h[k] / 16.0;
   }
-  spec.path = (tmp / "validation").string();
+  spec.path = {(tmp / "validation").string()};
   const Listing val = list_source(spec, "data.validation");
   int correct = 0;  // 18 / 20 at this seed (a colour histogram cannot see every texture)
   for (const Example& e : val.examples) {

@@ -77,7 +77,7 @@ TEST_CASE("evaluate counts every example of the loader and restores the model's 
   synth.splits = {"train"};
   trainer::data::make_synthetic_dataset(synth);
   trainer::config::SourceSpec source;
-  source.path = (tmp / "data" / "train").string();
+  source.path = {(tmp / "data" / "train").string()};
   const trainer::data::Listing listing = trainer::data::list_source(source, "data.train");
   REQUIRE(listing.examples.size() == 6);
 

@@ -1,0 +1,179 @@
+#include "trainer/data/record_feed.h"
+
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "trainer/data/tfrecord.h"
+
+namespace trainer::data {
+
+struct RecordFeed::Impl {
+  const std::vector<Example>* examples;
+  std::string compression;
+  size_t capacity;
+
+  std::mutex mu;
+  std::condition_variable reader_cv;  // the reader waits for work or room
+  std::condition_variable taker_cv;   // takers wait for their record
+  bool stop = false;
+  uint64_t generation = 0;
+  std::vector<int64_t> order;  // the current generation's read order
+  std::unordered_map<int64_t, Item> ready;
+  int waiting_for_unread = 0;  // takers waiting for a record not yet read
+  std::thread thread;
+
+  // Reader-thread state (touched by the reader only).
+  struct Open {
+    std::string path;
+    std::unique_ptr<RecordReader> reader;
+  };
+  std::list<Open> open;                       // most recently used first
+  std::map<std::string, std::string> broken;  // file -> why its remaining records are unusable
+
+  Impl(const std::vector<Example>* ex, std::string comp, size_t cap)
+      : examples(ex), compression(std::move(comp)), capacity(std::max<size_t>(cap, 1)) {}
+
+  RecordReader& reader_for(const std::string& path, int64_t record) {
+    for (auto it = open.begin(); it != open.end(); ++it) {
+      if (it->path != path) continue;
+      if (it->reader->index() > record) {  // behind us (a new epoch): reopen
+        open.erase(it);
+        break;
+      }
+      open.splice(open.begin(), open, it);
+      return *open.front().reader;
+    }
+    open.push_front(
+        Open{path, std::make_unique<RecordReader>(path, compression_for(compression, path))});
+    while (open.size() > kOpenFiles) open.pop_back();
+    return *open.front().reader;
+  }
+
+  void close(const std::string& path) {
+    open.remove_if([&](const Open& o) { return o.path == path; });
+  }
+
+  // Reads example `index`'s record (reader thread, no lock held).
+  Item read_one(int64_t index) {
+    const Example& ex = (*examples)[static_cast<size_t>(index)];
+    Item item;
+    const auto b = broken.find(ex.path);
+    if (b != broken.end()) {
+      item.error =
+          ex.path + ": record " + std::to_string(ex.record) + " is unreadable: " + b->second;
+      return item;
+    }
+    try {
+      RecordReader& r = reader_for(ex.path, ex.record);
+      while (r.index() < ex.record) {
+        if (!r.skip())
+          throw DataError(ex.path + ": the file ends after " + std::to_string(r.index()) +
+                          " records, but it was counted with more (did it change "
+                          "since? a stale count cache can be deleted)");
+      }
+      if (!r.read(&item.record)) {
+        throw DataError(ex.path + ": the file ends after " + std::to_string(r.index()) +
+                        " records, before record " + std::to_string(ex.record) +
+                        " (did it change since it was counted?)");
+      }
+    } catch (const RecordError& e) {
+      item.error = e.what();
+      if (!e.recoverable) {
+        broken[ex.path] = std::string("an earlier error in the file: ") + e.what();
+        close(ex.path);
+      }
+    } catch (const DataError& e) {
+      item.error = e.what();
+      broken[ex.path] = e.what();
+      close(ex.path);
+    }
+    return item;
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    uint64_t gen = 0;
+    size_t pos = 0;
+    for (;;) {
+      reader_cv.wait(lock, [&] {
+        if (stop || generation != gen) return true;
+        if (pos >= order.size()) return false;
+        return ready.size() < capacity || waiting_for_unread > 0;
+      });
+      if (stop) return;
+      if (generation != gen) {  // a new epoch: its files are read from the start again
+        gen = generation;
+        pos = 0;
+        broken.clear();
+        continue;
+      }
+      const int64_t index = order[pos++];
+      lock.unlock();
+      Item item = read_one(index);
+      lock.lock();
+      if (generation != gen) continue;
+      ready.emplace(index, std::move(item));
+      taker_cv.notify_all();
+    }
+  }
+};
+
+RecordFeed::RecordFeed(const std::vector<Example>* examples, std::string compression,
+                       size_t capacity)
+    : impl_(std::make_unique<Impl>(examples, std::move(compression), capacity)) {
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+RecordFeed::~RecordFeed() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->reader_cv.notify_all();
+  impl_->taker_cv.notify_all();
+  impl_->thread.join();
+}
+
+uint64_t RecordFeed::start(std::vector<int64_t> read_order) {
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    gen = ++impl_->generation;
+    impl_->order = std::move(read_order);
+    impl_->ready.clear();
+  }
+  impl_->reader_cv.notify_all();
+  impl_->taker_cv.notify_all();  // takers of the old generation give up
+  return gen;
+}
+
+std::optional<RecordFeed::Item> RecordFeed::take(int64_t index, uint64_t generation) {
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  bool counted = false;
+  for (;;) {
+    if (s.stop || s.generation != generation) break;
+    auto it = s.ready.find(index);
+    if (it != s.ready.end()) {
+      Item item = std::move(it->second);
+      s.ready.erase(it);
+      if (counted) --s.waiting_for_unread;
+      s.reader_cv.notify_all();  // room for the reader
+      return item;
+    }
+    if (!counted) {
+      counted = true;
+      ++s.waiting_for_unread;
+      s.reader_cv.notify_all();
+    }
+    s.taker_cv.wait(lock);
+  }
+  if (counted) --s.waiting_for_unread;
+  return std::nullopt;
+}
+
+}  // namespace trainer::data

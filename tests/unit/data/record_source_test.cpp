@@ -1,0 +1,197 @@
+// Listing tfrecord sources: TFDS directories (split selection, class names, counts from
+// dataset_info.json), Kaggle-style files through globs and lists, the header scan and its
+// count cache, and the errors for what is missing. Fixtures: make-dataset's TFRecord writer.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <thread>
+
+#include "fixtures.h"
+#include "trainer/data/record_source.h"
+#include "trainer/data/source.h"
+#include "trainer/data/synthetic.h"
+#include "trainer/data/tfrecord.h"
+#include "trainer/util/error.h"
+
+using Catch::Matchers::Contains;
+using namespace trainer;
+using namespace trainer::data;
+namespace fs = std::filesystem;
+using trainer::data::testing::read_bytes;
+using trainer::data::testing::TempDir;
+using trainer::data::testing::write_text;
+
+namespace {
+
+SyntheticSummary write_records(const fs::path& out, bool tfds, int shards, int per_class = 8,
+                               const std::string& label_key = "label",
+                               const std::string& compression = "none") {
+  SyntheticOptions o;
+  o.out_dir = out.string();
+  o.per_class = per_class;
+  o.image_size = 16;
+  o.format = "tfrecord";
+  o.tfds = tfds;
+  o.shards = shards;
+  o.label_key = label_key;
+  o.compression = compression;
+  return make_synthetic_dataset(o);
+}
+
+config::SourceSpec tfrecord_spec(std::vector<std::string> paths) {
+  config::SourceSpec s;
+  s.format = "tfrecord";
+  s.path = std::move(paths);
+  return s;
+}
+
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("a TFDS directory: the split's shards, class names and counts from its metadata",
+          "[records]") {
+  TempDir tmp("tfds");
+  const fs::path dir = tmp.path() / "cassava" / "0.1.0";
+  write_records(dir, true, 8);  // train 40 in 8 shards of 5, validation 20 in 8
+
+  const Listing train = list_source(tfrecord_spec({dir.string()}), "data.train");
+  REQUIRE(train.record_files.size() == 8);
+  CHECK_THAT(train.record_files[3].path, Contains("cassava-train.tfrecord-00003-of-00008"));
+  CHECK(train.examples.size() == 40);
+  CHECK(train.class_names == std::vector<std::string>{"cbb", "cbsd", "cgm", "cmd", "healthy"});
+  CHECK(train.counts_from == "dataset_info.json");
+  CHECK(train.record_files[2].first == 10);
+  CHECK(train.examples[12].record == 2);
+  CHECK(train.examples[12].path == train.record_files[2].path);
+  CHECK(train.examples[12].label == -1);
+
+  // The source's own name picks the split; `split` overrides it; the dataset dir (above the
+  // version dir) works as well.
+  const Listing validation =
+      list_source(tfrecord_spec({(tmp.path() / "cassava").string()}), "data.validation");
+  CHECK(validation.examples.size() == 20);
+  CHECK_THAT(validation.record_files[0].path, Contains("cassava-validation.tfrecord-00000"));
+  config::SourceSpec as_train = tfrecord_spec({dir.string()});
+  as_train.split = "validation";
+  CHECK(list_source(as_train, "data.train").examples.size() == 20);
+
+  as_train.split = "test";
+  CHECK_THROWS_AS(list_source(as_train, "data.train"), ConfigError);
+  CHECK_THAT(message_of([&] { list_source(as_train, "data.train"); }),
+             Contains("data.train.split: 'test' is not a split of the TFDS dataset") &&
+                 Contains("its splits: train, validation"));
+
+  // Class names given in the spec must agree in number with label.labels.txt.
+  CHECK_THAT(message_of([&] {
+               list_source(tfrecord_spec({dir.string()}), "data.train", {"a", "b"});
+             }),
+             Contains("data.class_names: 2 names") && Contains("5 labels in label.labels.txt"));
+}
+
+TEST_CASE("a TFDS directory with a missing shard or no shard lengths", "[records]") {
+  TempDir tmp("tfds_broken");
+  const fs::path dir = tmp.path() / "ds";
+  write_records(dir, true, 4);
+
+  // No shardLengths: the records are counted from their headers instead, to the same numbers.
+  nlohmann::json info = nlohmann::json::parse(read_bytes(dir / "dataset_info.json"));
+  for (auto& s : info["splits"]) s.erase("shardLengths");
+  write_text(dir / "dataset_info.json", info.dump());
+  const Listing scanned = list_source(tfrecord_spec({dir.string()}), "data.train");
+  CHECK(scanned.counts_from == "a scan of the record headers");
+  CHECK(scanned.examples.size() == 40);
+
+  fs::remove(dir / "cassava-train.tfrecord-00002-of-00004");
+  const std::string m =
+      message_of([&] { list_source(tfrecord_spec({dir.string()}), "data.train"); });
+  CHECK_THAT(m, Contains("shard 00002 of 4 of the 'train' split is missing"));
+  CHECK_THAT(m, Contains("cassava-train.tfrecord-NNNNN-of-MMMMM"));
+
+  // A plain directory is not a TFDS directory: the message says what to give instead.
+  const fs::path plain = tmp.path() / "plain";
+  fs::create_directories(plain);
+  CHECK_THAT(message_of([&] { list_source(tfrecord_spec({plain.string()}), "data.train"); }),
+             Contains("without dataset_info.json") && Contains("*.tfrec"));
+}
+
+TEST_CASE("record files by glob and list (Kaggle style) need class names", "[records]") {
+  TempDir tmp("kaggle");
+  write_records(tmp.path() / "recs", false, 4, 8, "target", "gzip");
+  config::SourceSpec spec = tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  spec.label_key = "target";
+
+  CHECK_THAT(message_of([&] { list_source(spec, "data.train"); }),
+             Contains("data.class_names: required"));
+  const std::vector<std::string> names = {"cbb", "cbsd", "cgm", "cmd", "healthy"};
+  const Listing all = list_source(spec, "data.train", names);
+  CHECK(all.record_files.size() == 4);
+  CHECK(all.examples.size() == 40);
+  CHECK(all.record_format.label_key == "target");
+  CHECK(all.counts_from == "a scan of the record headers");  // gzip files, scanned
+
+  // A list of a file and a glob, in the order given.
+  spec.path = {(tmp.path() / "recs" / "train-00003-of-00004.tfrecord").string(),
+               (tmp.path() / "recs" / "train-0000[01]-*.tfrecord").string()};
+  const Listing some = list_source(spec, "data.train", names);
+  REQUIRE(some.record_files.size() == 3);
+  CHECK_THAT(some.record_files[0].path, Contains("train-00003"));
+  CHECK_THAT(some.record_files[2].path, Contains("train-00001"));
+
+  spec.path = {(tmp.path() / "recs" / "nothing-*.tfrec").string()};
+  CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
+             Contains("no record files match") && Contains("nothing-*.tfrec"));
+  spec.path = {(tmp.path() / "recs" / "absent.tfrec").string()};
+  CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
+             Contains("record file") && Contains("absent.tfrec' does not exist"));
+  spec.path = {(tmp.path() / "recs" / "train-00000-of-00004.tfrecord").string(),
+               (tmp.path() / "recs" / "train-0000[0]-*.tfrecord").string()};
+  CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
+             Contains("is listed twice"));
+}
+
+TEST_CASE("record counts are scanned once and cached by size and mtime", "[records]") {
+  TempDir tmp("count_cache");
+  write_records(tmp.path() / "recs", false, 3);
+  const config::SourceSpec spec =
+      tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  ListOptions cache;
+  cache.count_cache = (tmp.path() / "record_counts.json").string();
+
+  // A reader that may not write (a worker) scans and leaves no file behind.
+  CHECK(list_source(spec, "data.train", names, cache).counts_from ==
+        "a scan of the record headers");
+  CHECK_FALSE(fs::exists(cache.count_cache));
+
+  cache.write_count_cache = true;
+  CHECK(list_source(spec, "data.train", names, cache).counts_from ==
+        "a scan of the record headers");
+  REQUIRE(fs::exists(cache.count_cache));
+  const Listing again = list_source(spec, "data.train", names, cache);
+  CHECK(again.counts_from == "the count cache");
+  CHECK(again.examples.size() == 40);
+
+  // A file that changed is counted again; the others still come from the cache.
+  const fs::path changed = tmp.path() / "recs" / "train-00001-of-00003.tfrecord";
+  {
+    RecordWriter w(changed.string());
+    w.write("one");
+    w.write("two");
+    w.close();
+  }
+  const Listing after = list_source(spec, "data.train", names, cache);
+  CHECK(after.counts_from == "a scan of 1 files and the count cache");
+  CHECK(after.record_files[1].records == 2);
+  CHECK(after.examples.size() == after.record_files[0].records + 2 + after.record_files[2].records);
+}
