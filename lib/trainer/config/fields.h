@@ -47,7 +47,8 @@ void visit(SourceSpec& s, V& v) {
   v("image_key", s.image_key, Field("tfrecord: feature with the encoded image (bytes)"));
   v("label_key", s.label_key, Field("tfrecord: feature with the class index (Kaggle: target)"));
   v("compression", s.compression,
-    Field("tfrecord: auto = gzip when the file is").one_of({"auto", "none", "gzip"}));
+    Field("tfrecord: auto = gzip when the file starts with the gzip magic")
+        .one_of({"auto", "none", "gzip"}));
 }
 
 template <class V>

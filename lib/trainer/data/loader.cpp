@@ -89,7 +89,8 @@ struct Loader::Impl {
       const auto ahead = static_cast<size_t>(std::max<int64_t>(options.read_ahead, 1) +
                                              (options.prefetch_batches + 2) * options.batch_size +
                                              options.num_workers);
-      feed = std::make_unique<RecordFeed>(&examples, options.record_format.compression, ahead);
+      feed = std::make_unique<RecordFeed>(&examples, options.record_format.compression, ahead,
+                                          static_cast<size_t>(std::max(options.open_files, 1)));
     }
     if (options.cache) {
       cache.resize(examples.size());
@@ -321,8 +322,15 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
       const int64_t begin = s.batch_begin(first_batch);
       const int64_t end = s.batches == 0 ? 0 : s.batch_end(s.batches - 1);
       std::vector<char> needed(s.examples.size(), 0);
+      std::vector<char> seen(s.examples.size(), 0);
       for (int64_t p = begin; p < end; ++p) {
         const auto i = static_cast<size_t>(order[static_cast<size_t>(p)]);
+        if (seen[i]) {
+          throw Error(ErrorKind::kInternal, "Loader: record example " + std::to_string(i) +
+                                                " appears twice in the order of epoch " +
+                                                std::to_string(epoch));
+        }
+        seen[i] = 1;
         if (!s.options.cache || !s.cache[i].defined()) needed[i] = 1;
       }
       std::vector<int64_t> wanted;

@@ -44,9 +44,11 @@ struct LoaderOptions {
   int64_t max_batches = -1;
   // Record sources: the order records are read in for epoch e (the indices of order(e), each
   // once, each file's records ascending; e.g. record_epoch_order's `read`); empty = order(e).
+  // For record sources order(e) must not repeat an index (Error kInternal otherwise).
   std::function<std::vector<int64_t>(int64_t epoch)> read_order;
   RecordFormat record_format;  // keys and compression of the records
   int64_t read_ahead = 1000;   // records the reader may keep ahead (the shuffle buffer)
+  int open_files = 16;         // record files kept open (more than data.interleave)
   int64_t num_classes = 0;     // > 0: a label outside [0, num_classes) is a data error
   bool cache = false;          // data.cache: memory
 };

@@ -15,6 +15,7 @@ struct RecordFeed::Impl {
   const std::vector<Example>* examples;
   std::string compression;
   size_t capacity;
+  size_t open_files;
 
   std::mutex mu;
   std::condition_variable reader_cv;  // the reader waits for work or room
@@ -34,8 +35,11 @@ struct RecordFeed::Impl {
   std::list<Open> open;                       // most recently used first
   std::map<std::string, std::string> broken;  // file -> why its remaining records are unusable
 
-  Impl(const std::vector<Example>* ex, std::string comp, size_t cap)
-      : examples(ex), compression(std::move(comp)), capacity(std::max<size_t>(cap, 1)) {}
+  Impl(const std::vector<Example>* ex, std::string comp, size_t cap, size_t files)
+      : examples(ex),
+        compression(std::move(comp)),
+        capacity(std::max<size_t>(cap, 1)),
+        open_files(std::max<size_t>(files, 1)) {}
 
   RecordReader& reader_for(const std::string& path, int64_t record) {
     for (auto it = open.begin(); it != open.end(); ++it) {
@@ -49,7 +53,7 @@ struct RecordFeed::Impl {
     }
     open.push_front(
         Open{path, std::make_unique<RecordReader>(path, compression_for(compression, path))});
-    while (open.size() > kOpenFiles) open.pop_back();
+    while (open.size() > open_files) open.pop_back();
     return *open.front().reader;
   }
 
@@ -76,9 +80,10 @@ struct RecordFeed::Impl {
                           "since? a stale count cache can be deleted)");
       }
       if (!r.read(&item.record)) {
-        throw DataError(ex.path + ": the file ends after " + std::to_string(r.index()) +
-                        " records, before record " + std::to_string(ex.record) +
-                        " (did it change since it was counted?)");
+        throw DataError(ex.path + ": the file ends at byte offset " + std::to_string(r.offset()) +
+                        " after " + std::to_string(r.index()) + " records, but record " +
+                        std::to_string(ex.record) +
+                        " was listed (the file changed after its records were counted)");
       }
     } catch (const RecordError& e) {
       item.error = e.what();
@@ -123,8 +128,8 @@ struct RecordFeed::Impl {
 };
 
 RecordFeed::RecordFeed(const std::vector<Example>* examples, std::string compression,
-                       size_t capacity)
-    : impl_(std::make_unique<Impl>(examples, std::move(compression), capacity)) {
+                       size_t capacity, size_t open_files)
+    : impl_(std::make_unique<Impl>(examples, std::move(compression), capacity, open_files)) {
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 

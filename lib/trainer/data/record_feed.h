@@ -1,13 +1,12 @@
 // The reading stage of a record source: one thread reads the records an epoch needs, in the
 // epoch's read order (record_order.h), each file sequentially in large blocks (RecordReader,
-// at most kOpenFiles files open at once), and keeps each serialized record until a decode thread
-// takes it. Memory is bounded: the reader stays at most `capacity` records ahead of the takers,
-// except that it always reads on while a taker waits for a record not yet read (so a shuffle
-// buffer larger than the capacity cannot deadlock it).
-// A record that cannot be read (CRC mismatch, truncated file, the file changed since it was
-// counted) comes back with `error` set; after an unrecoverable error in a file, every later
-// record of that file does too.
-// Thread-safe: start() from the loader's consumer thread, take() from any decode thread.
+// at most `open_files` files open at once: more than the interleave cycle), and keeps each
+// serialized record until a decode thread takes it. Memory is bounded: the reader stays at most
+// `capacity` records ahead of the takers, except that it always reads on while a taker waits for a
+// record not yet read (so a shuffle buffer larger than the capacity cannot deadlock it). A record
+// that cannot be read (CRC mismatch, truncated file, the file changed since it was counted) comes
+// back with `error` set; after an unrecoverable error in a file, every later record of that file
+// does too. Thread-safe: start() from the loader's consumer thread, take() from any decode thread.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +21,14 @@ namespace trainer::data {
 
 class RecordFeed {
  public:
-  static constexpr size_t kOpenFiles = 16;
-
   struct Item {
     std::string record;  // the serialized tf.train.Example
     std::string error;   // non-empty: the record is unusable (the message names file and offset)
   };
 
   // `examples` (records: path + record number) must outlive the feed.
-  RecordFeed(const std::vector<Example>* examples, std::string compression, size_t capacity);
+  RecordFeed(const std::vector<Example>* examples, std::string compression, size_t capacity,
+             size_t open_files = 16);
   ~RecordFeed();
   RecordFeed(const RecordFeed&) = delete;
   RecordFeed& operator=(const RecordFeed&) = delete;

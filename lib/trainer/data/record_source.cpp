@@ -82,7 +82,10 @@ Resolved resolve_tfds(const std::string& dir, const std::string& split, const st
                               "\\.tfrecord-([0-9]{5})-of-([0-9]{5})");
   std::map<int64_t, std::string> shards;
   int64_t of = -1;
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  std::error_code ec;
+  fs::directory_iterator entries(dir, ec);
+  if (ec) throw DataError(origin + ": cannot list '" + dir + "': " + ec.message());
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     std::smatch m;
     if (!std::regex_match(name, m, shard_name)) continue;
@@ -121,8 +124,11 @@ Resolved resolve_tfds(const std::string& dir, const std::string& split, const st
     for (const auto& s : j.value("splits", nlohmann::json::array())) {
       if (s.value("name", "") != split || !s.contains("shardLengths")) continue;
       std::vector<int64_t> counts;
-      for (const auto& v : s["shardLengths"])
-        counts.push_back(v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>());
+      for (const auto& v : s["shardLengths"]) {
+        const int64_t n = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+        if (n < 0) throw std::invalid_argument("a negative shard length");
+        counts.push_back(n);
+      }
       if (counts.size() == r.files.size()) {
         r.counts = counts;
         r.counts_from = "dataset_info.json";
@@ -171,17 +177,19 @@ Resolved resolve(const config::SourceSpec& source, const std::string& field,
       if (split.empty()) split = field.substr(field.rfind('.') + 1);
       return resolve_tfds(dir, split, field, origin);
     }
-    if (has_glob_chars(p)) {
-      for (auto& f : expand_glob(p, origin)) r.files.push_back(std::move(f));
-    } else if (fs::is_regular_file(p, ec)) {
+    if (fs::is_regular_file(p, ec)) {
       r.files.push_back(p);
+    } else if (has_glob_chars(p)) {
+      for (auto& f : expand_glob(p, origin)) r.files.push_back(std::move(f));
     } else {
       throw DataError(origin + ": record file '" + p + "' does not exist");
     }
   }
   std::set<std::string> seen;
   for (const auto& f : r.files) {
-    if (!seen.insert(fs::weakly_canonical(f).string()).second) {
+    std::error_code canonical_ec;
+    const fs::path canonical = fs::weakly_canonical(f, canonical_ec);
+    if (!seen.insert(canonical_ec ? f : canonical.string()).second) {
       throw ConfigError(field + ".path: the record file '" + f + "' is listed twice");
     }
   }
@@ -202,10 +210,25 @@ FileStamp stamp_of(const std::string& path) {
 }
 
 nlohmann::json read_cache(const std::string& path) {
-  if (path.empty() || !fs::exists(path)) return nlohmann::json::object();
+  std::error_code ec;
+  if (path.empty() || !fs::exists(path, ec)) return nlohmann::json::object();
   try {
     nlohmann::json j = nlohmann::json::parse(util::read_file(path));
-    if (j.is_object() && j.value("version", 0) == 1 && j.contains("files")) return j["files"];
+    if (j.is_object() && j.contains("version") && j["version"] == 1 && j.contains("files") &&
+        j["files"].is_object()) {
+      nlohmann::json files = nlohmann::json::object();
+      for (const auto& [key, e] : j["files"].items()) {  // keep only well-formed entries
+        const auto is_int = [&e](const char* k) {
+          return e.contains(k) && e[k].is_number_integer();
+        };
+        if (e.is_object() && is_int("size") && is_int("mtime_ns") && is_int("records") &&
+            e["records"].get<int64_t>() >= 0) {
+          files[key] = e;
+        }
+      }
+      return files;
+    }
+    spdlog::warn("record count cache '{}' is not one this trainer wrote; counting again", path);
   } catch (const std::exception& e) {
     spdlog::warn("record count cache '{}' is unreadable ({}); counting again", path, e.what());
   }
@@ -245,7 +268,8 @@ TfdsInfo read_tfds_info(const std::string& dir) {
     throw DataError("'" + info_path.string() + "': not valid TFDS dataset info (" + e.what() + ")");
   }
   const fs::path labels = fs::path(dir) / "label.labels.txt";
-  if (fs::exists(labels)) {
+  std::error_code ec;
+  if (fs::exists(labels, ec)) {
     std::stringstream ss(util::read_file(labels));
     std::string line;
     while (std::getline(ss, line)) {
@@ -290,8 +314,8 @@ Listing list_tfrecord(const config::SourceSpec& source, const std::string& field
       const std::string key = fs::absolute(f).lexically_normal().string();
       const FileStamp st = stamp_of(f);
       const auto it = cache.find(key);
-      if (it != cache.end() && it->value("size", int64_t{-2}) == st.size &&
-          it->value("mtime_ns", int64_t{-2}) == st.mtime_ns && it->contains("records")) {
+      if (it != cache.end() && (*it)["size"].get<int64_t>() == st.size &&
+          (*it)["mtime_ns"].get<int64_t>() == st.mtime_ns) {
         counts.push_back((*it)["records"].get<int64_t>());
         ++cached;
         continue;

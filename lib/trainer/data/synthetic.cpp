@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -460,24 +461,26 @@ void validate(const SyntheticOptions& o) {
   }
 }
 
+constexpr uint64_t kShardShuffleStream = 0x7368617264ULL;  // "shard"
+
 std::string shard_name(const SyntheticOptions& o, const std::string& split, int s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%05d-of-%05d", s, o.shards);
   return o.tfds ? o.name + "-" + split + ".tfrecord-" + buf : split + "-" + buf + ".tfrecord";
 }
 
-// Removes the shards of `split` an earlier run wrote with another shard count.
+// Removes the shards of `split` an earlier run wrote (with any shard count): exactly the names
+// shard_name() gives, nothing else.
 void remove_stale_shards(const SyntheticOptions& o, const std::string& split) {
-  const std::string prefix = o.tfds ? o.name + "-" + split + ".tfrecord-" : split + "-";
+  const auto quote = [](const std::string& text) {
+    return std::regex_replace(text, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  };
+  const std::regex ours(o.tfds ? quote(o.name + "-" + split) + R"(\.tfrecord-\d{5}-of-\d{5})"
+                               : quote(split) + R"(-\d{5}-of-\d{5}\.tfrecord)");
   std::error_code ec;
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    if (name.find("-of-") == std::string::npos) continue;
-    if (!o.tfds && name.size() < 9) continue;
-    if (!o.tfds && name.compare(name.size() - 9, 9, ".tfrecord") != 0) continue;
-    stale.push_back(entry.path());
+    if (std::regex_match(entry.path().filename().string(), ours)) stale.push_back(entry.path());
   }
   for (const auto& p : stale) fs::remove(p, ec);
 }
@@ -501,13 +504,11 @@ std::vector<std::string> write_record_shards(const SyntheticOptions& o,
     std::vector<size_t> members;
     for (size_t j = 0; j < encoded.size(); ++j)
       if (split_of[j] == static_cast<int64_t>(sp)) members.push_back(j);
-    // Interleave the classes (k0 i0, k1 i0, ..., k0 i1, ...) before dealing to shards, so that
-    // every shard holds every class, as a shuffled TFDS build does.
-    const int64_t per_class = static_cast<int64_t>(members.size()) / o.classes;
-    std::vector<size_t> mixed;
-    for (int64_t i = 0; i < per_class; ++i)
-      for (int k = 0; k < o.classes; ++k)
-        mixed.push_back(members[static_cast<size_t>(k * per_class + i)]);
+    // Shuffle before dealing to shards, so that every shard holds a mix of the classes in mixed
+    // order, as a shuffled TFDS build does.
+    std::vector<size_t> mixed = members;
+    Rng rng(util::mix_seed(o.seed, {static_cast<uint64_t>(sp), kShardShuffleStream}));
+    shuffle_in_place(mixed, rng);
     std::vector<std::string> lengths;
     int64_t bytes_total = 0;
     for (int s = 0; s < o.shards; ++s) {
@@ -530,6 +531,12 @@ std::vector<std::string> write_record_shards(const SyntheticOptions& o,
     splits.push_back({{"name", o.splits[sp]},
                       {"numBytes", std::to_string(bytes_total)},
                       {"shardLengths", lengths}});
+  }
+  const fs::path stale_info = fs::path(o.out_dir) / "dataset_info.json";
+  if (!o.tfds && fs::exists(stale_info, ec)) {
+    // Left by an earlier --tfds run: the trainer would read the directory as TFDS.
+    fs::remove(stale_info, ec);
+    fs::remove(fs::path(o.out_dir) / "label.labels.txt", ec);
   }
   if (o.tfds) {
     const nlohmann::json info = {

@@ -91,6 +91,7 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
   o.num_classes = plan.num_classes;
   if (plan.train.is_records()) {
     o.record_format = plan.train.record_format;
+    o.open_files = std::max(16, data.interleave + 1);
     const data::RecordOrderOptions ro{o.seed, data.shuffle, data.interleave,
                                       static_cast<int64_t>(data.shuffle_buffer)};
     const auto files =

@@ -6,12 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "fixtures.h"
 #include "trainer/data/record_source.h"
 #include "trainer/data/source.h"
 #include "trainer/data/synthetic.h"
+#include "trainer/data/tf_example.h"
 #include "trainer/data/tfrecord.h"
 #include "trainer/util/error.h"
 
@@ -194,4 +196,66 @@ TEST_CASE("record counts are scanned once and cached by size and mtime", "[recor
   CHECK(after.counts_from == "a scan of 1 files and the count cache");
   CHECK(after.record_files[1].records == 2);
   CHECK(after.examples.size() == after.record_files[0].records + 2 + after.record_files[2].records);
+}
+
+TEST_CASE("make-dataset's shards mix the classes and it removes only its own old shards",
+          "[records]") {
+  TempDir tmp("shard_mix");
+  const fs::path out = tmp.path() / "recs";
+  write_text(out / "train-notes-of-2023.tfrecord", "not ours");
+  write_records(out, false, 8);  // 8 shards, then 5: the 8-shard files must go
+  const SyntheticSummary s = write_records(out, false, 5);
+  CHECK(s.files.size() == 10);  // train and validation
+  CHECK_FALSE(fs::exists(out / "train-00007-of-00008.tfrecord"));
+  CHECK(fs::exists(out / "train-notes-of-2023.tfrecord"));
+  for (const std::string& f : s.files) {
+    if (f.find("train-") == std::string::npos) continue;
+    RecordReader r(f, Compression::kNone);
+    std::set<int64_t> labels;
+    std::string record;
+    while (r.read(&record)) labels.insert(parse_image_example(record, "image", "label", f).label);
+    INFO(f);
+    CHECK(labels.size() >= 2);  // 5 classes over 5 shards: not one class per shard
+  }
+}
+
+TEST_CASE("damaged count caches and metadata fall back to counting", "[records]") {
+  TempDir tmp("bad_meta");
+  write_records(tmp.path() / "recs", false, 2);
+  const config::SourceSpec spec =
+      tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  ListOptions cache;
+  cache.count_cache = (tmp.path() / "record_counts.json").string();
+  cache.write_count_cache = true;
+  for (const std::string& text :
+       {std::string("{oops"), std::string(R"({"version": 1, "files": []})"),
+        std::string(R"({"version": 1, "files": {"x": 5}})"),
+        std::string(R"({"version": "1", "files": {}})")}) {
+    INFO(text);
+    write_text(cache.count_cache, text);
+    const Listing l = list_source(spec, "data.train", names, cache);
+    CHECK(l.examples.size() == 40);
+    CHECK(l.counts_from == "a scan of the record headers");
+  }
+  // A cache entry with the right stamp but a nonsense count is dropped, not trusted.
+  nlohmann::json j = nlohmann::json::parse(read_bytes(cache.count_cache));
+  for (auto& [key, e] : j["files"].items()) e["records"] = -3;
+  write_text(cache.count_cache, j.dump());
+  CHECK(list_source(spec, "data.train", names, cache).examples.size() == 40);
+
+  // A TFDS directory whose shardLengths are negative is counted instead.
+  const fs::path dir = tmp.path() / "tfds";
+  write_records(dir, true, 2);
+  nlohmann::json info = nlohmann::json::parse(read_bytes(dir / "dataset_info.json"));
+  info["splits"][0]["shardLengths"] = {"-1", "20"};
+  write_text(dir / "dataset_info.json", info.dump());
+  const Listing t = list_source(tfrecord_spec({dir.string()}), "data.train");
+  CHECK(t.counts_from == "a scan of the record headers");
+  CHECK(t.examples.size() == 40);
+
+  // A file whose name looks like a glob is still the file.
+  const fs::path odd = tmp.path() / "part[1].tfrecord";
+  fs::copy_file(tmp.path() / "recs" / "train-00000-of-00002.tfrecord", odd);
+  CHECK(list_source(tfrecord_spec({odd.string()}), "data.train", names).examples.size() == 20);
 }
