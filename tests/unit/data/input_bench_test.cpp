@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "fixtures.h"
+#include "loader_fixtures.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/record_order.h"
 #include "trainer/data/source.h"
@@ -48,16 +49,9 @@ double examples_per_second(const Listing& listing, int threads, bool reduced, bo
   o.batch_size = 32;
   o.num_workers = threads;
   o.prefetch_batches = 2;
-  o.record_format = listing.record_format;
   o.num_classes = static_cast<int64_t>(listing.class_names.size());
   o.cache = cache;
-  const auto groups = files_of(listing);
-  const ShardPlan plan = plan_shards(groups, "off", 0, 1, 32);
-  const RecordOrderOptions ro{1, true, 4, 1000};
-  o.order = [groups, plan, ro](int64_t e) { return record_epoch_order(groups, plan, ro, e).emit; };
-  o.read_order = [groups, plan, ro](int64_t e) {
-    return record_epoch_order(groups, plan, ro, e).read;
-  };
+  testing::use_record_order(o, listing, RecordOrderOptions{1, true, 4, 1000});
   Loader loader(listing.examples, o);
   int64_t epoch = 0;
   for (; epoch < warm; ++epoch) {

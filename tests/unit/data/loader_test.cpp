@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fixtures.h"
+#include "loader_fixtures.h"
 #include "trainer/data/loader.h"
 #include "trainer/util/error.h"
 #include "trainer/util/rng.h"
@@ -16,6 +17,7 @@ using namespace trainer::data;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
+using testing::whole_epoch;
 
 namespace {
 
@@ -43,13 +45,6 @@ LoaderOptions options(int64_t batch, int workers, bool augment) {
   o.seed = 5;
   o.shuffle = true;
   return o;
-}
-
-std::vector<Batch> whole_epoch(Loader& loader, int64_t epoch) {
-  loader.start_epoch(epoch);
-  std::vector<Batch> out;
-  while (auto b = loader.next()) out.push_back(std::move(*b));
-  return out;
 }
 
 void truncate_file(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "fixtures.h"
+#include "loader_fixtures.h"
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/record_order.h"
@@ -22,6 +23,7 @@ using namespace trainer::data;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
+using testing::whole_epoch;
 
 namespace {
 
@@ -55,24 +57,9 @@ LoaderOptions record_options(const Listing& listing, int64_t batch, int workers)
   o.batch_size = batch;
   o.num_workers = workers;
   o.seed = 9;
-  o.record_format = listing.record_format;
   o.num_classes = 5;
-  const auto groups = files_of(listing);
-  const ShardPlan plan = plan_shards(groups, "off", 0, 1, batch);
-  const RecordOrderOptions ro{9, true, 2, 7};
-  o.order = [groups, plan, ro](int64_t e) { return record_epoch_order(groups, plan, ro, e).emit; };
-  o.read_order = [groups, plan, ro](int64_t e) {
-    return record_epoch_order(groups, plan, ro, e).read;
-  };
-  o.read_ahead = 7;
+  testing::use_record_order(o, listing, RecordOrderOptions{9, true, 2, 7});
   return o;
-}
-
-std::vector<Batch> whole_epoch(Loader& loader, int64_t epoch) {
-  loader.start_epoch(epoch);
-  std::vector<Batch> out;
-  while (auto b = loader.next()) out.push_back(std::move(*b));
-  return out;
 }
 
 // Flips one byte `at` bytes into record `record` of a plain record file (0 = its length).
