@@ -185,3 +185,37 @@ train: {epochs: 1, per_replica_batch_size: 4, threads: 1}
   CHECK(skipped.code == 0);
   CHECK_THAT(skipped.err, Contains("1 corrupt training images skipped"));
 }
+
+TEST_CASE("fewer record files than workers: auto trains 3 processes with data", "[tfrecord]") {
+  TempDir dir("few_record_files");
+  const Result made = run_trainer(dir.path(),
+                                  "make-dataset --out recs --format tfrecord --shards 2 "
+                                  "--image-size 32 --per-class 6 --splits train");
+  REQUIRE(made.code == 0);
+  write_text(dir / "job.yaml", R"(model: {arch: resnet18}
+data:
+  train: {format: tfrecord, path: "recs/*.tfrecord"}
+  class_names: [cbb, cbsd, cgm, cmd, healthy]
+  image_size: 32
+  shuffle_buffer: 8
+train: {epochs: 1, per_replica_batch_size: 4, threads: 1}
+distributed: {rendezvous_timeout_s: 60, timeout_s: 60}
+)");
+  const int port = free_port();
+  std::vector<std::unique_ptr<Background>> procs;
+  for (int i = 0; i < 3; ++i) {
+    procs.push_back(std::make_unique<Background>(
+        dir.path(), "--config job.yaml --job-dir job",
+        std::vector<std::string>{tf_config(3, false, port, "worker", i)}, "w" + std::to_string(i)));
+  }
+  std::vector<Result> results;
+  for (auto& p : procs) results.push_back(p->wait());
+  for (const auto& r : results) {
+    INFO(r.err);
+    CHECK(r.code == 0);
+  }
+  // 30 records, 10 per worker: 2 lock-step steps of 4.
+  CHECK_THAT(results[0].err, Contains("auto: 2 files < 3 workers -> data"));
+  CHECK_THAT(results[0].err, Contains("2 steps per epoch"));
+  CHECK(fs::exists(dir / "job" / "model" / "model.json"));
+}

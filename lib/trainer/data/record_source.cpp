@@ -45,7 +45,7 @@ std::vector<long> version_key(const std::string& name) {
 
 std::vector<std::string> expand_glob(const std::string& pattern, const std::string& origin) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) {
@@ -182,7 +182,9 @@ Resolved resolve(const config::SourceSpec& source, const std::string& field,
     } else if (has_glob_chars(p)) {
       for (auto& f : expand_glob(p, origin)) r.files.push_back(std::move(f));
     } else {
-      throw DataError(origin + ": record file '" + p + "' does not exist");
+      throw DataError(origin + ": record file '" + p +
+                      "' does not exist (a tfrecord path is a record file, a glob or a TFDS "
+                      "dataset directory)");
     }
   }
   std::set<std::string> seen;

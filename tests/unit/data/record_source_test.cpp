@@ -153,6 +153,9 @@ TEST_CASE("record files by glob and list (Kaggle style) need class names", "[rec
   spec.path = {(tmp.path() / "recs" / "nothing-*.tfrec").string()};
   CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
              Contains("no record files match") && Contains("nothing-*.tfrec"));
+  spec.path = {(tmp.path() / "no_such_dir" / "ld_train*.tfrec").string()};
+  CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
+             Contains("no_such_dir' does not exist"));
   spec.path = {(tmp.path() / "recs" / "absent.tfrec").string()};
   CHECK_THAT(message_of([&] { list_source(spec, "data.train", names); }),
              Contains("record file") && Contains("absent.tfrec' does not exist"));
