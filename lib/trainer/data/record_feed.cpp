@@ -74,10 +74,12 @@ struct RecordFeed::Impl {
     try {
       RecordReader& r = reader_for(ex.path, ex.record);
       while (r.index() < ex.record) {
-        if (!r.skip())
-          throw DataError(ex.path + ": the file ends after " + std::to_string(r.index()) +
-                          " records, but it was counted with more (did it change "
-                          "since? a stale count cache can be deleted)");
+        if (!r.skip()) {
+          throw DataError(ex.path + ": the file ends at byte offset " + std::to_string(r.offset()) +
+                          " after " + std::to_string(r.index()) + " records, but record " +
+                          std::to_string(ex.record) +
+                          " was listed (the file changed after its records were counted)");
+        }
       }
       if (!r.read(&item.record)) {
         throw DataError(ex.path + ": the file ends at byte offset " + std::to_string(r.offset()) +

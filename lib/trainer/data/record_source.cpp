@@ -55,9 +55,21 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
   globfree(&g);
   if (rc != 0 && rc != GLOB_NOMATCH) {
     throw DataError(origin + ": cannot expand the glob '" + pattern +
-                    "' (a directory is unreadable)");
+                    "' (out of memory or an unreadable directory)");
   }
-  if (out.empty()) throw DataError(origin + ": no record files match '" + pattern + "'");
+  if (out.empty()) {
+    // Say which directory is missing when the pattern's fixed part does not exist.
+    fs::path fixed;
+    for (const auto& part : fs::path(pattern).parent_path()) {
+      if (has_glob_chars(part.string())) break;
+      fixed /= part;
+    }
+    std::error_code ec;
+    const std::string why = !fixed.empty() && !fs::is_directory(fixed, ec)
+                                ? " (the directory '" + fixed.string() + "' does not exist)"
+                                : "";
+    throw DataError(origin + ": no record files match '" + pattern + "'" + why);
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
