@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -135,6 +136,23 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+// Starts one process per task of a `workers`-worker cluster (worker 0 the chief) and waits.
+inline std::vector<Result> run_cluster(const fs::path& cwd, int workers, const std::string& args,
+                                       const std::vector<std::string>& per_task_args = {}) {
+  const int port = free_port();
+  std::vector<std::unique_ptr<Background>> procs;
+  for (int i = 0; i < workers; ++i) {
+    const std::string extra = i < static_cast<int>(per_task_args.size()) ? per_task_args[i] : "";
+    procs.push_back(std::make_unique<Background>(
+        cwd, args + " " + extra,
+        std::vector<std::string>{tf_config(workers, false, port, "worker", i)},
+        "w" + std::to_string(i)));
+  }
+  std::vector<Result> results;
+  for (auto& p : procs) results.push_back(p->wait());
+  return results;
 }
 
 // All records of a metrics.jsonl.

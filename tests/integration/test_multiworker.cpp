@@ -36,23 +36,6 @@ std::map<std::string, std::vector<float>> read_f32(const fs::path& path) {
   return out;
 }
 
-// Starts one process per task of a `workers`-worker cluster (worker 0 the chief) and waits.
-std::vector<Result> run_cluster(const fs::path& cwd, int workers, const std::string& args,
-                                const std::vector<std::string>& per_task_args = {}) {
-  const int port = free_port();
-  std::vector<std::unique_ptr<Background>> procs;
-  for (int i = 0; i < workers; ++i) {
-    const std::string extra = i < static_cast<int>(per_task_args.size()) ? per_task_args[i] : "";
-    procs.push_back(std::make_unique<Background>(
-        cwd, args + " " + extra,
-        std::vector<std::string>{tf_config(workers, false, port, "worker", i)},
-        "w" + std::to_string(i)));
-  }
-  std::vector<Result> results;
-  for (auto& p : procs) results.push_back(p->wait());
-  return results;
-}
-
 std::string timeouts() {
   return " --set distributed.rendezvous_timeout_s=60 --set distributed.timeout_s=60";
 }

@@ -4,7 +4,6 @@
 // naming the file and offset, or skipped and counted.
 #include <catch2/catch.hpp>
 
-#include <memory>
 #include <set>
 
 #include "harness.h"
@@ -89,15 +88,7 @@ TEST_CASE("2 processes train over a TFDS directory with shard_policy file", "[tf
   TempDir dir("tfds_train");
   make_tfds(dir.path());
   write_text(dir / "job.yaml", tfds_job_yaml("file"));
-  const int port = free_port();
-  std::vector<std::unique_ptr<Background>> procs;
-  for (int i = 0; i < 2; ++i) {
-    procs.push_back(std::make_unique<Background>(
-        dir.path(), "--config job.yaml --job-dir job",
-        std::vector<std::string>{tf_config(2, false, port, "worker", i)}, "w" + std::to_string(i)));
-  }
-  std::vector<Result> results;
-  for (auto& p : procs) results.push_back(p->wait());
+  const std::vector<Result> results = run_cluster(dir.path(), 2, "--config job.yaml --job-dir job");
   for (const auto& r : results) {
     INFO(r.err);
     CHECK(r.code == 0);
@@ -201,15 +192,7 @@ data:
 train: {epochs: 1, per_replica_batch_size: 4, threads: 1}
 distributed: {rendezvous_timeout_s: 60, timeout_s: 60}
 )");
-  const int port = free_port();
-  std::vector<std::unique_ptr<Background>> procs;
-  for (int i = 0; i < 3; ++i) {
-    procs.push_back(std::make_unique<Background>(
-        dir.path(), "--config job.yaml --job-dir job",
-        std::vector<std::string>{tf_config(3, false, port, "worker", i)}, "w" + std::to_string(i)));
-  }
-  std::vector<Result> results;
-  for (auto& p : procs) results.push_back(p->wait());
+  const std::vector<Result> results = run_cluster(dir.path(), 3, "--config job.yaml --job-dir job");
   for (const auto& r : results) {
     INFO(r.err);
     CHECK(r.code == 0);
