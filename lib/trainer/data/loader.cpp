@@ -35,6 +35,31 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool s
   return order;
 }
 
+void use_record_order(LoaderOptions& o, std::vector<FileGroup> files, const ShardPlan& plan,
+                      const RecordOrderOptions& ro) {
+  // The loader asks for order(e) then read_order(e) (and order(0) once at construction), both
+  // on its consumer thread; the last epoch's result serves both.
+  struct Memo {
+    std::vector<FileGroup> files;
+    ShardPlan plan;
+    RecordOrderOptions ro;
+    std::mutex mu;
+    int64_t epoch = -1;
+    EpochOrder order;
+    EpochOrder of(int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e != epoch) order = record_epoch_order(files, plan, ro, e), epoch = e;
+      return order;
+    }
+  };
+  auto memo = std::make_shared<Memo>();
+  memo->files = std::move(files);
+  memo->plan = plan;
+  memo->ro = ro;
+  o.order = [memo](int64_t e) { return memo->of(e).emit; };
+  o.read_order = [memo](int64_t e) { return memo->of(e).read; };
+}
+
 // The pool: workers claim example positions of the current epoch in order, never beyond
 // `consumer_batch + prefetch_batches` batches, decode them and file the result in their batch's
 // slot. The consumer waits for its batch's slot to fill and assembles it in position order.

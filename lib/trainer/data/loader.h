@@ -21,6 +21,8 @@
 
 #include "trainer/data/example.h"
 #include "trainer/data/image.h"
+#include "trainer/data/record_order.h"
+#include "trainer/data/shard.h"
 
 namespace trainer::data {
 
@@ -60,6 +62,11 @@ struct Batch {
   int64_t index = 0;             // batch number within the epoch
   int64_t skipped = 0;           // corrupt examples dropped from this batch
 };
+
+// Sets `order` and `read_order` of `o` to worker plan.worker's record_epoch_order over `files`
+// (files_of a record listing), computed once per epoch for both.
+void use_record_order(LoaderOptions& o, std::vector<FileGroup> files, const ShardPlan& plan,
+                      const RecordOrderOptions& ro);
 
 // The order of epoch `epoch`: 0..n-1, shuffled with mix_seed(seed, {epoch}) when shuffle.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);

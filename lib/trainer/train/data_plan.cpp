@@ -1,9 +1,7 @@
 #include "trainer/train/data_plan.h"
 
 #include <algorithm>
-#include <memory>
 
-#include "trainer/data/record_order.h"
 #include "trainer/data/source.h"
 #include "trainer/util/error.h"
 
@@ -92,16 +90,9 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
   if (plan.train.is_records()) {
     o.record_format = plan.train.record_format;
     o.open_files = std::max(16, data.interleave + 1);
-    const data::RecordOrderOptions ro{o.seed, data.shuffle, data.interleave,
-                                      static_cast<int64_t>(data.shuffle_buffer)};
-    const auto files =
-        std::make_shared<const std::vector<data::FileGroup>>(data::files_of(plan.train));
-    o.order = [files, shard = plan.shard, ro](int64_t epoch) {
-      return data::record_epoch_order(*files, shard, ro, epoch).emit;
-    };
-    o.read_order = [files, shard = plan.shard, ro](int64_t epoch) {
-      return data::record_epoch_order(*files, shard, ro, epoch).read;
-    };
+    data::use_record_order(o, data::files_of(plan.train), plan.shard,
+                           data::RecordOrderOptions{o.seed, data.shuffle, data.interleave,
+                                                    static_cast<int64_t>(data.shuffle_buffer)});
   } else if (plan.num_workers > 1) {
     const auto n = static_cast<int64_t>(plan.train.examples.size());
     o.order = [shard = plan.shard, n, seed = o.seed, shuffle = o.shuffle](int64_t epoch) {

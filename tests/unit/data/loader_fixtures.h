@@ -20,11 +20,7 @@ inline std::vector<Batch> whole_epoch(Loader& loader, int64_t epoch) {
 inline void use_record_order(LoaderOptions& o, const Listing& listing,
                              const RecordOrderOptions& ro) {
   const auto groups = files_of(listing);
-  const ShardPlan plan = plan_shards(groups, "off", 0, 1, o.batch_size);
-  o.order = [groups, plan, ro](int64_t e) { return record_epoch_order(groups, plan, ro, e).emit; };
-  o.read_order = [groups, plan, ro](int64_t e) {
-    return record_epoch_order(groups, plan, ro, e).read;
-  };
+  data::use_record_order(o, groups, plan_shards(groups, "off", 0, 1, o.batch_size), ro);
   o.record_format = listing.record_format;
   o.read_ahead = ro.shuffle_buffer;
 }
