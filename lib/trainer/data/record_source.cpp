@@ -167,8 +167,7 @@ std::string expand_home(const std::string& p) {
   return home && *home ? std::string(home) + p.substr(1) : p;
 }
 
-Resolved resolve(const config::SourceSpec& source, const std::string& field,
-                 const std::string& origin) {
+Resolved resolve(const SourceOptions& source, const std::string& field, const std::string& origin) {
   Resolved r;
   for (const std::string& written : source.path) {
     const std::string p = expand_home(written);
@@ -294,7 +293,7 @@ TfdsInfo read_tfds_info(const std::string& dir) {
   return info;
 }
 
-Listing list_tfrecord(const config::SourceSpec& source, const std::string& field,
+Listing list_tfrecord(const SourceOptions& source, const std::string& field,
                       const std::string& origin, const std::vector<std::string>& class_names,
                       const ListOptions& options) {
   Resolved r = resolve(source, field, origin);

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config/job_spec.h"
 #include "trainer/data/example.h"
 #include "trainer/data/source.h"
+#include "trainer/data/source_options.h"
 
 namespace trainer::data {
 
@@ -36,7 +36,7 @@ TfdsInfo read_tfds_info(const std::string& dir);
 // The listing of `source` (format tfrecord). field: "data.train"; origin: for messages.
 // Throws DataError (no such file, no match for a glob, a missing shard, a corrupt file) or
 // ConfigError (no class names known, a split that the directory does not have).
-Listing list_tfrecord(const config::SourceSpec& source, const std::string& field,
+Listing list_tfrecord(const SourceOptions& source, const std::string& field,
                       const std::string& origin, const std::vector<std::string>& class_names,
                       const ListOptions& options);
 

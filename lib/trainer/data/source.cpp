@@ -247,8 +247,8 @@ bool is_inside(const fs::path& root, const fs::path& p) {
   return false;
 }
 
-Listing list_csv(const std::string& path, const config::SourceSpec& source,
-                 const std::string& origin, const std::vector<std::string>& class_names) {
+Listing list_csv(const std::string& path, const SourceOptions& source, const std::string& origin,
+                 const std::vector<std::string>& class_names) {
   const fs::path manifest(path);
   std::error_code ec;
   if (!fs::exists(manifest, ec))
@@ -375,7 +375,7 @@ Listing list_csv(const std::string& path, const config::SourceSpec& source,
 
 }  // namespace
 
-Listing list_source(const config::SourceSpec& source, const std::string& field,
+Listing list_source(const SourceOptions& source, const std::string& field,
                     const std::vector<std::string>& class_names, const ListOptions& options) {
   if (source.path.empty()) throw DataError(field + ".path: no source path given");
   const std::string more =

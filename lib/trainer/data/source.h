@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config/job_spec.h"
 #include "trainer/data/example.h"
+#include "trainer/data/source_options.h"
 
 namespace trainer::data {
 
@@ -34,7 +34,7 @@ struct ListOptions {
 // field: the dotted name of the source in the spec ("data.train") for messages.
 // class_names: if non-empty, the labels are mapped to these names (imagefolder: a sub-directory
 // not among them is an error; csv: names or indices must be in range); empty = derive.
-Listing list_source(const config::SourceSpec& source, const std::string& field,
+Listing list_source(const SourceOptions& source, const std::string& field,
                     const std::vector<std::string>& class_names = {},
                     const ListOptions& options = {});
 

@@ -6,23 +6,25 @@
 #include <vector>
 
 #include "trainer/util/error.h"
+#include "trainer/util/hash.h"
 
 namespace trainer::train {
 
 namespace {
 
+// The digest has always started from 1469598103934665603 (FNV's 64-bit offset basis,
+// 14695981039346656037, less its last digit); kept so that digests stay what they were.
+constexpr uint64_t kListingDigestBasis = 1469598103934665603ULL;
+
 std::string listing_digest(const data::Listing& listing) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-    h = (h ^ 0xff) * 1099511628211ULL;
-  };
+  util::Fnv1a64 h(kListingDigestBasis);
+  auto mix = [&h](const std::string& s) { h.add(s).add_byte(0xff); };
   for (const auto& e : listing.examples) {
     mix(e.path);
     mix(std::to_string(e.label));
   }
   for (const auto& c : listing.class_names) mix(c);
-  return fmt::format("{} examples, digest {:016x}", listing.examples.size(), h);
+  return fmt::format("{} examples, digest {:016x}", listing.examples.size(), h.value());
 }
 
 std::vector<std::string> lines_of(const std::string& text) {

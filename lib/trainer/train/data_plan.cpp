@@ -7,6 +7,24 @@
 
 namespace trainer::train {
 
+// A field added to one struct and not the other (and so not copied here) changes its size.
+static_assert(sizeof(data::SourceOptions) == sizeof(config::SourceSpec),
+              "data::SourceOptions and config::SourceSpec must hold the same fields");
+
+data::SourceOptions source_options(const config::SourceSpec& source) {
+  data::SourceOptions o;
+  o.format = source.format;
+  o.path = source.path;
+  o.image_column = source.image_column;
+  o.label_column = source.label_column;
+  o.image_root = source.image_root;
+  o.split = source.split;
+  o.image_key = source.image_key;
+  o.label_key = source.label_key;
+  o.compression = source.compression;
+  return o;
+}
+
 data::Listing list_split(const config::DataSpec& spec, const std::string& split,
                          const std::vector<std::string>& class_names,
                          const data::ListOptions& list) {
@@ -18,7 +36,7 @@ data::Listing list_split(const config::DataSpec& spec, const std::string& split,
     throw ConfigError("data." + split + ".path: not set in the job spec, so there is no '" + split +
                       "' data to read");
   }
-  return data::list_source(source, "data." + split, class_names, list);
+  return data::list_source(source_options(source), "data." + split, class_names, list);
 }
 
 data::ListOptions list_options_for(const std::string& job_dir, bool chief) {

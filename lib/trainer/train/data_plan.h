@@ -16,6 +16,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/data/shard.h"
 #include "trainer/data/source.h"
+#include "trainer/data/source_options.h"
 
 namespace trainer::train {
 
@@ -30,6 +31,9 @@ struct DataPlan {
   int worker = 0;               // the rank the plan is for (an evaluator plans as rank 0)
   int num_workers = 1;
 };
+
+// The data module's options for one source of the spec (a field-by-field copy).
+data::SourceOptions source_options(const config::SourceSpec& source);
 
 // Lists the sources and derives the numbers. Throws DataError (unreadable sources) or
 // ConfigError (model.num_classes disagrees with the data; fewer examples than one batch).

@@ -83,7 +83,7 @@ TEST_CASE("benchmark: input pipeline examples/s per decode thread (800x600 JPEG 
   s.format = "tfrecord";
   s.shards = 4;
   make_synthetic_dataset(s);
-  config::SourceSpec spec;
+  SourceOptions spec;
   spec.format = "tfrecord";
   spec.path = {s.out_dir + "/train-*.tfrecord"};
   const Listing listing = list_source(spec, "data.train", synthetic_class_names(5));

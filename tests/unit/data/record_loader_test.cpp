@@ -42,7 +42,7 @@ Listing make_records(const TempDir& tmp, int files, int per_file,
     w.close();
     paths.push_back(p.string());
   }
-  config::SourceSpec s;
+  SourceOptions s;
   s.format = "tfrecord";
   s.path = paths;
   return list_source(s, "data.train", {"a", "b", "c", "d", "e"});

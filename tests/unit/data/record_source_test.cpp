@@ -42,8 +42,8 @@ SyntheticSummary write_records(const fs::path& out, bool tfds, int shards, int p
   return make_synthetic_dataset(o);
 }
 
-config::SourceSpec tfrecord_spec(std::vector<std::string> paths) {
-  config::SourceSpec s;
+SourceOptions tfrecord_spec(std::vector<std::string> paths) {
+  SourceOptions s;
   s.format = "tfrecord";
   s.path = std::move(paths);
   return s;
@@ -84,7 +84,7 @@ TEST_CASE("a TFDS directory: the split's shards, class names and counts from its
       list_source(tfrecord_spec({(tmp.path() / "cassava").string()}), "data.validation");
   CHECK(validation.examples.size() == 20);
   CHECK_THAT(validation.record_files[0].path, Contains("cassava-validation.tfrecord-00000"));
-  config::SourceSpec as_train = tfrecord_spec({dir.string()});
+  SourceOptions as_train = tfrecord_spec({dir.string()});
   as_train.split = "validation";
   CHECK(list_source(as_train, "data.train").examples.size() == 20);
 
@@ -130,7 +130,7 @@ TEST_CASE("a TFDS directory with a missing shard or no shard lengths", "[records
 TEST_CASE("record files by glob and list (Kaggle style) need class names", "[records]") {
   TempDir tmp("kaggle");
   write_records(tmp.path() / "recs", false, 4, 8, "target", "gzip");
-  config::SourceSpec spec = tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  SourceOptions spec = tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
   spec.label_key = "target";
 
   CHECK_THAT(message_of([&] { list_source(spec, "data.train"); }),
@@ -168,8 +168,7 @@ TEST_CASE("record files by glob and list (Kaggle style) need class names", "[rec
 TEST_CASE("record counts are scanned once and cached by size and mtime", "[records]") {
   TempDir tmp("count_cache");
   write_records(tmp.path() / "recs", false, 3);
-  const config::SourceSpec spec =
-      tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  const SourceOptions spec = tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
   const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
   ListOptions cache;
   cache.count_cache = (tmp.path() / "record_counts.json").string();
@@ -225,8 +224,7 @@ TEST_CASE("make-dataset's shards mix the classes and it removes only its own old
 TEST_CASE("damaged count caches and metadata fall back to counting", "[records]") {
   TempDir tmp("bad_meta");
   write_records(tmp.path() / "recs", false, 2);
-  const config::SourceSpec spec =
-      tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
+  const SourceOptions spec = tfrecord_spec({(tmp.path() / "recs" / "train-*.tfrecord").string()});
   const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
   ListOptions cache;
   cache.count_cache = (tmp.path() / "record_counts.json").string();

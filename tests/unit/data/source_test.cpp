@@ -14,21 +14,21 @@ using testing::write_text;
 
 namespace {
 
-config::SourceSpec folder_spec(const fs::path& dir) {
-  config::SourceSpec s;
+SourceOptions folder_spec(const fs::path& dir) {
+  SourceOptions s;
   s.format = "imagefolder";
   s.path = {dir.string()};
   return s;
 }
 
-config::SourceSpec csv_spec(const fs::path& manifest) {
-  config::SourceSpec s;
+SourceOptions csv_spec(const fs::path& manifest) {
+  SourceOptions s;
   s.format = "csv";
   s.path = {manifest.string()};
   return s;
 }
 
-std::string error_of(const config::SourceSpec& spec, const std::vector<std::string>& names = {}) {
+std::string error_of(const SourceOptions& spec, const std::vector<std::string>& names = {}) {
   try {
     list_source(spec, "data.train", names);
   } catch (const DataError& e) {
@@ -84,9 +84,9 @@ TEST_CASE("imagefolder errors name the source and the path", "[data][source]") {
   fs::create_directories(tmp / "noimg" / "a");
   write_text(tmp / "noimg" / "a" / "readme.txt", "");
   CHECK_THAT(error_of(folder_spec(tmp / "noimg")), Contains("no images"));
-  config::SourceSpec none;
+  SourceOptions none;
   CHECK_THAT(error_of(none), Contains("data.train.path"));
-  config::SourceSpec bad = folder_spec(tmp.path());
+  SourceOptions bad = folder_spec(tmp.path());
   bad.format = "tfrecords";
   CHECK_THAT(error_of(bad), Contains("tfrecords"));
 }
@@ -123,7 +123,7 @@ TEST_CASE("csv manifest with class-name labels, another image root and columns",
   TempDir tmp;
   write_text(tmp / "m" / "list.csv",
              "label,extra,file\nhealthy,1,a.jpg\ncmd,2,b.jpg\ncbb,3,c.jpg\n");
-  config::SourceSpec spec = csv_spec(tmp / "m" / "list.csv");
+  SourceOptions spec = csv_spec(tmp / "m" / "list.csv");
   spec.image_column = "file";
   spec.image_root = (tmp / "images").string();
   fs::create_directories(tmp / "images");

@@ -59,7 +59,7 @@ TEST_CASE("make_synthetic_dataset writes the ImageFolder layout with the right c
   CHECK_FALSE(fs::exists(tmp / "train/healthy/healthy_0006.jpg"));
   CHECK(fs::exists(tmp / "test/cmd/cmd_0003.jpg"));
 
-  config::SourceSpec spec;
+  SourceOptions spec;
   spec.path = {(tmp / "train").string()};
   const Listing train = list_source(spec, "data.train");
   CHECK(train.class_names == s.class_names);
@@ -153,7 +153,7 @@ TEST_CASE("synthetic classes are learnable: colour histograms separate them", "[
     }
     return h;
   };
-  config::SourceSpec spec;
+  SourceOptions spec;
   spec.path = {(tmp / "train").string()};
   const Listing train = list_source(spec, "data.train");
   std::vector<std::vector<double>> centroid(5, std::vector<double>(512, 0.0));

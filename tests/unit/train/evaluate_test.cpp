@@ -76,7 +76,7 @@ TEST_CASE("evaluate counts every example of the loader and restores the model's 
   synth.image_size = 32;
   synth.splits = {"train"};
   trainer::data::make_synthetic_dataset(synth);
-  trainer::config::SourceSpec source;
+  trainer::data::SourceOptions source;
   source.path = {(tmp / "data" / "train").string()};
   const trainer::data::Listing listing = trainer::data::list_source(source, "data.train");
   REQUIRE(listing.examples.size() == 6);
