@@ -13,13 +13,13 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libopencv-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   catch2 libyaml-cpp-dev libprotobuf-dev protobuf-compiler zlib1g-dev libgloo-dev clang-format
-  libopenblas0-pthread
+  libopenblas0-pthread libjemalloc-dev
   # test-only: the reference implementation the parity tests compare against
   python3 python3-torch python3-torchvision python3-numpy
 )
 runtime_pkgs=(
   libtorch1.13 libopencv-imgcodecs406 libopencv-imgproc406 libopencv-core406
-  libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread
+  libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread libjemalloc2
 )
 
 if [[ ${TRAINER_RUNTIME_ONLY:-0} == 1 ]]; then

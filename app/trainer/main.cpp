@@ -19,6 +19,7 @@
 #include "trainer/train/commands.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
+#include "trainer/util/memory.h"
 
 namespace {
 
@@ -131,6 +132,9 @@ int run(int argc, char** argv) {
       ->add_option("--base-port", launch_opts.base_port,
                    "First port (chief, then workers); 0 = pick free ports")
       ->capture_default_str();
+  bool no_pin = false;
+  launch_cmd->add_flag("--no-pin", no_pin,
+                       "Do not give each process its own slice of the CPUs (sched_setaffinity)");
   launch_cmd->add_option("train-args", launch_opts.args, "What every process runs, after `--`");
   launch_cmd->positionals_at_end();
   launch_cmd->footer(
@@ -172,13 +176,17 @@ int run(int argc, char** argv) {
   if (*predict_cmd) return train::run_predict(predict_opts, std::cout);
   if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
   if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
-  if (*launch_cmd) return cluster::run_launch(launch_opts);
+  if (*launch_cmd) {
+    launch_opts.pin_cpus = !no_pin;
+    return cluster::run_launch(launch_opts);
+  }
   return exit_code(ErrorKind::kUsage);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  trainer::util::configure_allocator();  // before any large allocation
   try {
     return run(argc, argv);
   } catch (const trainer::Error& e) {

@@ -10,11 +10,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -163,6 +169,43 @@ inline std::vector<nlohmann::json> read_metrics(const fs::path& path) {
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   }
   return out;
+}
+
+// The tensors of a safetensors file, as float vectors by name (F32 only; enough here).
+inline std::map<std::string, std::vector<float>> read_f32(const fs::path& path) {
+  const std::string bytes = slurp(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__" || t["dtype"] != "F32") continue;
+    const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+    std::vector<float> v((e - b) / 4);
+    std::memcpy(v.data(), bytes.data() + 8 + n + b, e - b);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+// The largest relative difference between two sets of tensors with the same names and sizes
+// (relative to max(|a|, 1e-3)); infinity when names or sizes differ.
+inline double largest_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                                          const std::map<std::string, std::vector<float>>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (const auto& [name, va] : a) {
+    const auto it = b.find(name);
+    if (it == b.end() || it->second.size() != va.size()) {
+      return std::numeric_limits<double>::infinity();
+    }
+    for (size_t i = 0; i < va.size(); ++i) {
+      const double rel =
+          std::abs(va[i] - it->second[i]) / std::max(1e-3, static_cast<double>(std::abs(va[i])));
+      worst = std::max(worst, rel);
+    }
+  }
+  return worst;
 }
 
 // Writes a small synthetic ImageFolder dataset with the real make-dataset subcommand.

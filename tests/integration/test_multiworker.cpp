@@ -19,23 +19,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The tensors of a safetensors file, as float vectors by name (F32 only; enough here).
-std::map<std::string, std::vector<float>> read_f32(const fs::path& path) {
-  const std::string bytes = slurp(path);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  const auto header = nlohmann::json::parse(bytes.substr(8, n));
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__" || t["dtype"] != "F32") continue;
-    const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
-    std::vector<float> v((e - b) / 4);
-    std::memcpy(v.data(), bytes.data() + 8 + n + b, e - b);
-    out[name] = std::move(v);
-  }
-  return out;
-}
-
 std::string timeouts() {
   return " --set distributed.rendezvous_timeout_s=60 --set distributed.timeout_s=60";
 }
@@ -65,17 +48,7 @@ TEST_CASE("2 workers x batch 4 equal 1 worker x batch 8 (the all-reduce averages
   }
   const auto a = read_f32(dir / "one" / "model" / "model.safetensors");
   const auto b = read_f32(dir / "two" / "model" / "model.safetensors");
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (const auto& [name, va] : a) {
-    const auto& vb = b.at(name);
-    REQUIRE(va.size() == vb.size());
-    for (size_t i = 0; i < va.size(); ++i) {
-      const double rel =
-          std::abs(va[i] - vb[i]) / std::max(1e-3, static_cast<double>(std::abs(va[i])));
-      worst = std::max(worst, rel);
-    }
-  }
+  const double worst = largest_relative_difference(a, b);
   INFO("largest relative difference " << worst);
   CHECK(worst <= 1e-5);
 }

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -22,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
 
 extern char** environ;  // NOLINT: POSIX
@@ -199,7 +202,8 @@ struct Stream {
 
 struct Child {
   LaunchTask task;
-  pid_t pid = -1;  // also its process group
+  std::vector<int> cpus;  // its affinity mask; empty = the launcher's
+  pid_t pid = -1;         // also its process group
   bool running = false;
   bool asked_to_stop = false;  // a SIGINT/SIGTERM was sent to its group
   int exit_code = 0;           // once !running: the exit status, or 128 + signal
@@ -252,6 +256,24 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   return out;
 }
 
+}  // namespace
+
+std::vector<std::vector<int>> split_cpus(const std::vector<int>& cpus, int processes) {
+  std::vector<std::vector<int>> out(static_cast<size_t>(std::max(processes, 0)));
+  if (processes <= 0 || cpus.size() < out.size()) return out;
+  const size_t base = cpus.size() / out.size(), extra = cpus.size() % out.size();
+  size_t next = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const size_t n = base + (i < extra ? 1 : 0);
+    out[i].assign(cpus.begin() + static_cast<long>(next),
+                  cpus.begin() + static_cast<long>(next + n));
+    next += n;
+  }
+  return out;
+}
+
+namespace {
+
 // Forks and execs one child; returns the errno of a failed exec (0 = started).
 int start_child(Child& child, const std::string& program, const std::vector<std::string>& args,
                 int out_fd, int err_fd, int devnull) {
@@ -265,6 +287,9 @@ int start_child(Child& child, const std::string& program, const std::vector<std:
   Pipe out = make_pipe();
   Pipe err = make_pipe();
   Pipe status = make_pipe();  // CLOEXEC: EOF = exec succeeded; an int = exec's errno
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : child.cpus) CPU_SET(cpu, &cpus);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -286,6 +311,7 @@ int start_child(Child& child, const std::string& program, const std::vector<std:
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!child.cpus.empty()) ::sched_setaffinity(0, sizeof cpus, &cpus);  // best effort
     ::dup2(devnull, 0);  // in its own group it must not read the terminal
     ::dup2(out.write, 1);
     ::dup2(err.write, 2);
@@ -512,9 +538,17 @@ int run_launch(const LaunchOptions& options) {
   };
 
   set.children.reserve(tasks.size());
-  for (const auto& t : tasks) {
+  const auto slices = options.pin_cpus
+                          ? split_cpus(util::usable_cpus(), static_cast<int>(tasks.size()))
+                          : std::vector<std::vector<int>>(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const auto& t = tasks[i];
     Child& c = set.children.emplace_back();
     c.task = t;
+    c.cpus = slices[i];
+    if (!c.cpus.empty()) {
+      spdlog::info("launch: {} runs on CPU {}", t.name(), fmt::join(c.cpus, ","));
+    }
     const int exec_errno =
         start_child(c, program, options.args, options.stdout_fd, options.stderr_fd, devnull.fd);
     if (exec_errno != 0) {

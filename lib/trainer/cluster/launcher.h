@@ -23,7 +23,15 @@ struct LaunchOptions {
   double stop_grace_s = 10.0;      // after a failure: SIGTERM the others, SIGKILL them after this
   int stdout_fd = 1;               // where the children's prefixed stdout lines go
   int stderr_fd = 2;               // where the children's prefixed stderr lines go
+  // Give each process its own slice of the CPUs this launcher may use (sched_setaffinity), so
+  // that every process sizes its threads for its share instead of each taking every core. Only
+  // when there are at least as many CPUs as processes; false = inherit the launcher's mask.
+  bool pin_cpus = true;  // (--no-pin to turn off)
 };
+
+// The CPUs of each of `processes` processes: `cpus` cut into contiguous slices of near-equal
+// size (the first ones get one more). Empty slices (no pinning) when cpus.size() < processes.
+std::vector<std::vector<int>> split_cpus(const std::vector<int>& cpus, int processes);
 
 // One process of the launched cluster.
 struct LaunchTask {

@@ -94,7 +94,11 @@ void visit(DataSpec& s, V& v) {
   v.section("augment", s.augment, "training-time augmentation");
   v("shuffle", s.shuffle, Field("reshuffle the training examples every epoch"));
   v("seed", s.seed, Field("data order and augmentation seed"));
-  v("num_workers", s.num_workers, Field("decode threads").at_least(1));
+  v("num_workers", s.num_workers,
+    Field("decode threads (auto = from this process's thread budget)")
+        .at_least(0)
+        .at_most(256)
+        .zero_means("auto"));
   v("prefetch_batches", s.prefetch_batches,
     Field("batches decoded ahead of the model").at_least(1));
   v("on_corrupt", s.on_corrupt,
@@ -151,9 +155,24 @@ void visit(TrainSpec& s, V& v) {
   });
   v("label_smoothing", s.label_smoothing,
     Field("cross-entropy label smoothing").at_least(0).below(1));
-  v("precision", s.precision, Field("compute precision; bf16 = autocast").one_of({"fp32", "bf16"}));
+  v("precision", s.precision,
+    Field("compute precision; bf16 = autocast; auto = bf16 where the CPU/GPU computes it natively")
+        .one_of({"fp32", "bf16", "auto"}));
   v("channels_last", s.channels_last, Field("NHWC memory format for the convolutions"));
-  v("threads", s.threads, Field("intra-op threads; 0 = all cores of this machine").at_least(0));
+  v("threads", s.threads,
+    Field("intra-op threads; 0 = the cores of this process's CPU affinity mask")
+        .at_least(0)
+        .at_most(1024));
+  v("micro_batch_size", s.micro_batch_size,
+    Field("split each per-replica batch into micro-batches of N (gradient accumulation)")
+        .at_least(0)
+        .zero_means("off"));
+  v.check("micro_batch_size", [&s] {
+    if (s.micro_batch_size <= s.per_replica_batch_size) return std::string();
+    return "expected at most train.per_replica_batch_size (" +
+           std::to_string(s.per_replica_batch_size) + "), got " +
+           in_quotes(std::to_string(s.micro_batch_size));
+  });
   v("device", s.device, Field("auto = cuda when available").one_of({"auto", "cpu", "cuda"}));
   v("seed", s.seed, Field("model initialisation seed"));
   v("max_steps", s.max_steps,

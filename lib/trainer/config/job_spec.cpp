@@ -10,6 +10,7 @@
 #include "trainer/config/fields.h"
 #include "trainer/config/yaml_io.h"
 #include "trainer/util/error.h"
+#include "trainer/util/hash.h"
 
 namespace trainer::config {
 namespace {
@@ -198,25 +199,22 @@ std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec&
 }
 
 const std::vector<std::string>& resumable_changes() {
-  static const std::vector<std::string> kFields = {"train.epochs", "train.max_steps", "logging."};
+  static const std::vector<std::string> kFields = {"train.epochs",     "train.max_steps",
+                                                   "logging.",         "train.threads",
+                                                   "data.num_workers", "data.prefetch_batches"};
   return kFields;
 }
 
 std::string fingerprint(const JobSpec& spec) {
   // FNV-1a, 128 bits, over "path\0value\0" of every field.
-  using u128 = unsigned __int128;
-  const u128 prime = (u128{1} << 88) | 0x13B;
-  u128 h = (u128{0x6c62272e07bb0142ULL} << 64) | 0x62b821756295c58dULL;
-  auto add = [&](const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * prime;
-    h = (h ^ 0u) * prime;
-  };
+  util::Fnv1a128 hash;
   for (const auto& [path, value] : flatten(spec)) {
-    add(path);
-    add(value);
+    hash.add(path).add_byte(0);
+    hash.add(value).add_byte(0);
   }
   static const char kHex[] = "0123456789abcdef";
   std::string out(32, '0');
+  auto h = hash.value();
   for (int i = 31; i >= 0; --i, h >>= 4) out[i] = kHex[static_cast<unsigned>(h & 0xF)];
   return out;
 }

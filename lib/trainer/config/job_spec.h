@@ -59,7 +59,8 @@ struct DataSpec {
   AugmentSpec augment;
   bool shuffle = true;                // reshuffle the training examples every epoch
   int64_t seed = 0;                   // data order and augmentation seed
-  int num_workers = 2;                // decode threads
+  int num_workers = 0;                // decode threads; 0 (written `auto`) = from the thread
+                                      // budget of the cores this process may use
   int prefetch_batches = 2;           // batches decoded ahead of the model
   std::string on_corrupt = "fail";    // fail | skip (counted and logged)
   std::string shard_policy = "auto";  // auto | file | data | off (multi-worker sharding)
@@ -93,9 +94,14 @@ struct TrainSpec {
   OptimizerSpec optimizer;
   LrScheduleSpec lr_schedule;
   double label_smoothing = 0.0;    // in [0, 1)
-  std::string precision = "fp32";  // fp32 | bf16 (autocast)
+  std::string precision = "fp32";  // fp32 | bf16 (autocast) | auto (bf16 where the CPU computes
+                                   // it natively, AVX512_BF16/AMX, or on a bf16 GPU; else fp32)
   bool channels_last = false;      // NHWC memory format for the convolutions
-  int threads = 0;                 // intra-op threads; 0 = all cores of this machine
+  int threads = 0;                 // intra-op threads; 0 = the cores this process may use (its
+                                   // CPU affinity mask), less those the decode threads need
+  int micro_batch_size = 0;        // 0 = off; N = split each per-replica batch into micro-batches
+                                   // of N with gradient accumulation (one optimizer step and
+                                   // one all-reduce per batch; BN statistics per micro-batch)
   std::string device = "auto";     // auto | cpu | cuda
   int64_t seed = 42;               // model initialisation seed
   int64_t max_steps = 0;           // 0 = no limit; stop after this many steps (smoke runs)
@@ -165,8 +171,9 @@ std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec&
                                                 const std::vector<std::string>& ignored_prefixes);
 
 // The fields that may change between runs of the same job (resume still applies).
-const std::vector<std::string>&
-resumable_changes();  // {"train.epochs", "train.max_steps", "logging."}
+// {"train.epochs", "train.max_steps", "logging.", and the fields that change only speed, never
+// results: "train.threads", "data.num_workers", "data.prefetch_batches"}
+const std::vector<std::string>& resumable_changes();
 
 // Hex digest of flatten(spec) (stable across runs and machines).
 std::string fingerprint(const JobSpec& spec);

@@ -32,21 +32,25 @@ struct GradientSync::State {
     size_t bucket = 0;
     size_t pos = 0;      // position within the bucket (its used flag)
     int64_t offset = 0;  // element offset of its gradient in the bucket's buffer
+    torch::Tensor view;  // its gradient's place in the bucket, with the parameter's strides
     unsigned hook = 0;
     bool ready = false;  // its gradient arrived this step
   };
   // flat = [gradients of its slots, back to back | one "used" flag per slot]. The flags are
   // reduced with the gradients: a sum of 0 means no rank produced a gradient for that slot.
+  // The last bucket to launch also carries [averaged buffers | one stop vote] after its flags.
   struct Bucket {
     std::vector<size_t> slots;
-    torch::Tensor flat, grads, flags;
+    torch::Tensor flat, grads, flags, riders, vote;
     size_t pending = 0;
     AsyncWork work;
   };
 
-  explicit State(ProcessGroup& g) : group(g) {}
+  State(ProcessGroup& g, GradSyncOptions o) : group(g), options(std::move(o)) {}
 
   ProcessGroup& group;
+  GradSyncOptions options;
+  bool accumulating = false;
   std::vector<Slot> slots;
   std::vector<std::pair<size_t, torch::Tensor>> frozen;  // ignored: not requiring grad at start
   std::vector<Bucket> buckets;
@@ -56,14 +60,14 @@ struct GradientSync::State {
   std::exception_ptr error;  // a failure inside a hook, rethrown by finish()
   GradSyncStats stats;
 
-  void build(double bucket_mb);
+  void build();
   void on_grad(size_t slot, const torch::Tensor& grad);
   void launch(size_t bucket, bool from_hook);
   void reset();
 };
 
-void GradientSync::State::build(double bucket_mb) {
-  const double cap = std::max(bucket_mb, 0.0) * 1024.0 * 1024.0;
+void GradientSync::State::build() {
+  const double cap = std::max(options.bucket_mb, 0.0) * 1024.0 * 1024.0;
   struct Open {
     torch::Device device;
     torch::ScalarType dtype;
@@ -99,7 +103,15 @@ void GradientSync::State::build(double bucket_mb) {
   std::sort(assigned.begin(), assigned.end(),
             [](const auto& a, const auto& b) { return a.front() > b.front(); });
 
+  int64_t rider_elems = 0;
+  for (const auto& t : options.averaged_buffers) {
+    if (!t.is_floating_point()) {
+      throw Error(ErrorKind::kInternal, "GradientSync: averaged buffers must be floating point");
+    }
+    rider_elems += t.numel();
+  }
   for (size_t b = 0; b < assigned.size(); ++b) {
+    const bool last = b + 1 == assigned.size();
     Bucket bucket;
     bucket.slots = assigned[b];
     int64_t total = 0;
@@ -112,11 +124,25 @@ void GradientSync::State::build(double bucket_mb) {
     }
     const auto& first = slots[bucket.slots.front()].param;
     const int64_t n = static_cast<int64_t>(bucket.slots.size());
+    const int64_t extra = last ? rider_elems + 1 : 0;
     bucket.flat = torch::zeros(
-        {total + n},
+        {total + n + extra},
         torch::TensorOptions().dtype(buffer_type(first.scalar_type())).device(first.device()));
     bucket.grads = bucket.flat.narrow(0, 0, total);
     bucket.flags = bucket.flat.narrow(0, total, n);
+    if (last) {
+      bucket.riders = bucket.flat.narrow(0, total + n, rider_elems);
+      bucket.vote = bucket.flat.narrow(0, total + n + rider_elems, 1);
+    }
+    for (size_t k : bucket.slots) {
+      Slot& s = slots[k];
+      auto place = bucket.grads.narrow(0, s.offset, s.param.numel());
+      // Dense parameters (contiguous or channels_last) keep their strides in the bucket, so a
+      // gradient is one straight copy in and .grad can be the bucket itself.
+      s.view = s.param.is_non_overlapping_and_dense()
+                   ? place.as_strided(s.param.sizes(), s.param.strides())
+                   : place.view(s.param.sizes());
+    }
     bucket.pending = bucket.slots.size();
     buckets.push_back(std::move(bucket));
   }
@@ -124,7 +150,7 @@ void GradientSync::State::build(double bucket_mb) {
 
 void GradientSync::State::on_grad(size_t index, const torch::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (error) return;
+  if (error || accumulating) return;
   try {
     Slot& s = slots[index];
     Bucket& b = buckets[s.bucket];
@@ -139,12 +165,18 @@ void GradientSync::State::on_grad(size_t index, const torch::Tensor& grad) {
       throw Error(ErrorKind::kInternal, "GradientSync: sparse gradients are not supported");
     }
     torch::NoGradGuard no_grad;
-    auto slot = b.grads.narrow(0, s.offset, s.param.numel());
-    if (grad.defined()) {
-      slot.view(s.param.sizes()).copy_(grad);  // any layout in, logical (contiguous) order
-      b.flags.narrow(0, static_cast<int64_t>(s.pos), 1).fill_(1);
+    // What .grad would hold after this backward: the incoming gradient plus what earlier
+    // (accumulating) backward passes left in .grad.
+    const torch::Tensor& held = s.param.grad();
+    if (grad.defined() && held.defined()) {
+      at::add_out(s.view, held, grad);
+    } else if (grad.defined() || held.defined()) {
+      s.view.copy_(grad.defined() ? grad : held);
     } else {
-      slot.zero_();
+      s.view.zero_();
+    }
+    if (grad.defined() || held.defined()) {
+      b.flags.narrow(0, static_cast<int64_t>(s.pos), 1).fill_(1);
     }
     s.ready = true;
     --b.pending;
@@ -159,12 +191,20 @@ void GradientSync::State::on_grad(size_t index, const torch::Tensor& grad) {
 // Caller holds the mutex. Gradients that did not arrive count as zero (their flag stays 0).
 void GradientSync::State::launch(size_t index, bool from_hook) {
   Bucket& b = buckets[index];
+  torch::NoGradGuard no_grad;
   if (b.pending > 0) {
-    torch::NoGradGuard no_grad;
     for (size_t k : b.slots) {
       const Slot& s = slots[k];
-      if (!s.ready) b.grads.narrow(0, s.offset, s.param.numel()).zero_();
+      if (!s.ready) s.view.zero_();
     }
+  }
+  if (b.vote.defined()) {
+    int64_t at = 0;
+    for (const auto& t : options.averaged_buffers) {
+      b.riders.narrow(0, at, t.numel()).view(t.sizes()).copy_(t);
+      at += t.numel();
+    }
+    b.vote.fill_(options.stop_vote && options.stop_vote() ? 1 : 0);
   }
   b.work = group.all_reduce_sum_async(b.flat);
   ++next_launch;
@@ -185,7 +225,11 @@ void GradientSync::State::reset() {
 
 GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> parameters,
                            double bucket_mb)
-    : state_(std::make_unique<State>(group)) {
+    : GradientSync(group, std::move(parameters), GradSyncOptions{bucket_mb, {}, {}}) {}
+
+GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> parameters,
+                           GradSyncOptions options)
+    : state_(std::make_unique<State>(group, std::move(options))) {
   for (size_t i = 0; i < parameters.size(); ++i) {
     if (!parameters[i].defined()) continue;
     if (!parameters[i].requires_grad()) {
@@ -198,7 +242,7 @@ GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> param
     state_->slots.push_back(std::move(s));
   }
   if (group.world_size() == 1) return;
-  state_->build(bucket_mb);
+  state_->build();
   State* state = state_.get();
   for (size_t k = 0; k < state_->slots.size(); ++k) {
     auto& s = state_->slots[k];
@@ -247,16 +291,27 @@ void GradientSync::finish() {
     const double world = static_cast<double>(st.group.world_size());
     for (auto& b : st.buckets) {
       stats.bytes += b.flat.numel() * static_cast<int64_t>(b.flat.element_size());
+      if (b.vote.defined()) stats.stop_votes = static_cast<int>(b.vote.item<double>() + 0.5);
       b.flat.div_(world);
+      if (b.riders.defined()) {
+        int64_t at = 0;
+        for (auto& t : st.options.averaged_buffers) {
+          t.copy_(b.riders.narrow(0, at, t.numel()).view(t.sizes()));
+          at += t.numel();
+        }
+      }
       const auto used = (b.flags > 0).to(torch::kCPU);
       const bool* u = used.data_ptr<bool>();
       for (size_t k = 0; k < b.slots.size(); ++k) {
         if (!u[k]) continue;  // no rank produced a gradient: leave .grad as it is
         auto& p = st.slots[b.slots[k]].param;
         const auto& s = st.slots[b.slots[k]];
-        auto averaged = b.grads.narrow(0, s.offset, p.numel()).view(p.sizes());
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        p.mutable_grad().copy_(averaged);  // keeps the grad's layout (e.g. channels_last)
+        if (s.view.scalar_type() == p.scalar_type() && s.view.strides() == p.strides()) {
+          p.mutable_grad() = s.view;  // the bucket is the gradient: no copy
+        } else {
+          if (!p.grad().defined()) p.mutable_grad() = torch::empty_like(p);
+          p.mutable_grad().copy_(s.view);  // bf16 parameters: back from the fp32 bucket
+        }
       }
     }
   } catch (...) {
@@ -266,6 +321,11 @@ void GradientSync::finish() {
   stats.finish_s = seconds_since(start);
   st.stats = stats;
   st.reset();
+}
+
+void GradientSync::set_accumulating(bool on) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->accumulating = on;
 }
 
 const GradSyncStats& GradientSync::last_step() const { return state_->stats; }

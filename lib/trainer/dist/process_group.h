@@ -34,6 +34,7 @@ struct DistOptions {
   bool use_cuda = false;              // training on CUDA (decides what `auto` means)
   double rendezvous_timeout_s = 900;  // distributed.rendezvous_timeout_s: wait for all to join
   double timeout_s = 1800;            // distributed.timeout_s: any one collective
+  int threads = 0;                    // Gloo's worker threads (0 = c10d's default, 2)
 };
 
 enum class Reduce { kSum, kMin, kMax };

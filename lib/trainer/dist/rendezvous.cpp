@@ -246,6 +246,7 @@ void ProcessGroup::Impl::make_backends() {
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(to_ms(opts.timeout_s));
     gloo_options->devices.push_back(device);
+    if (opts.threads > 0) gloo_options->threads = opts.threads;
     cpu = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", store), opts.rank, opts.world_size,
         gloo_options);

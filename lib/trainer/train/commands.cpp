@@ -19,9 +19,11 @@
 #include "trainer/train/model_dir.h"
 #include "trainer/train/runtime.h"
 #include "trainer/train/trainer.h"
+#include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 #include "trainer/util/log.h"
+#include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
@@ -116,6 +118,33 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
   }
 }
 
+// What train would run on here: device, effective precision and layout, the thread budget, the
+// allocator and the CPU (inspect's `runtime`).
+nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
+  const ModelSettings settings = model_settings(spec.train, /*warn_emulated_bf16=*/false);
+  const ThreadBudget budget =
+      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(),
+                   spec.data.train.format == "tfrecord", cluster.world_size > 1);
+  const util::CpuFeatures cpu = util::cpu_features();
+  const util::AllocatorInfo alloc = util::allocator_info();
+  return {
+      {"device", settings.device.str()},
+      {"precision", settings.bf16 ? "bf16" : "fp32"},
+      {"precision_requested", spec.train.precision},
+      {"memory_format", settings.channels_last ? "channels_last" : "nchw"},
+      {"micro_batch_size", spec.train.micro_batch_size > 0 ? spec.train.micro_batch_size
+                                                           : spec.train.per_replica_batch_size},
+      {"threads",
+       {{"cores", budget.cores},
+        {"intra_op", budget.intra_op},
+        {"inter_op", budget.inter_op},
+        {"decode", budget.decode},
+        {"record_reader", budget.record_reader},
+        {"gloo", budget.gloo}}},
+      {"allocator", alloc.name + (alloc.settings.empty() ? "" : " (" + alloc.settings + ")")},
+      {"cpu", {{"model", cpu.model}, {"flags", cpu.flags()}, {"native_bf16", cpu.native_bf16()}}}};
+}
+
 }  // namespace
 
 int run_train(const TrainOptions& options) {
@@ -138,13 +167,15 @@ int run_train(const TrainOptions& options) {
                options.config.empty() ? "(defaults)" : options.config, job_dir.root().string(),
                cluster::task_name(cluster, cluster.rank), cluster.rank, cluster.world_size);
 
-  // 2. Run-time, then meet the others at the chief.
-  ModelSettings settings;
-  settings.device = resolve_device(spec.train.device);
-  settings.channels_last = spec.train.channels_last;
-  settings.bf16 = spec.train.precision == "bf16";
-  const int threads = configure_threads(spec.train.threads);
-  const auto group = dist::ProcessGroup::connect(dist_options(spec, cluster, settings.device));
+  // 2. Run-time (device, precision, threads), then meet the others at the chief.
+  const ModelSettings settings = model_settings(spec.train);
+  const ThreadBudget budget =
+      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(),
+                   spec.data.train.format == "tfrecord", cluster.world_size > 1);
+  apply_threads(budget);
+  dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
+  dist_opts.threads = budget.gloo;
+  const auto group = dist::ProcessGroup::connect(dist_opts);
 
   // 3. The data plan, and proof that every process runs the same job.
   DataPlan plan;
@@ -183,7 +214,7 @@ int run_train(const TrainOptions& options) {
 
   // 5. Train, export.
   const TrainSummary summary =
-      train_job(spec, TrainContext{cluster, job_dir, plan, *group, settings, threads, resume});
+      train_job(spec, TrainContext{cluster, job_dir, plan, *group, settings, budget, resume});
   if (job_dir.is_chief()) {
     spdlog::info("model written to {}", job_dir.model_dir().string());
     std::printf("model: %s\n", job_dir.model_dir().string().c_str());
@@ -205,6 +236,7 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
   }
   const DataPlan plan = plan_data(spec, cluster, list_options_for(options.job_dir, false));
   doc["data"] = to_json(plan);
+  doc["runtime"] = runtime_json(spec, cluster);
   doc["fingerprint"] = config::fingerprint(spec);
   out << doc.dump(2) << "\n";
   return 0;
@@ -213,7 +245,9 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
 int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   const LoadedModel loaded = load_model_dir(options.model_dir);
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, 0);
-  configure_threads(spec.train.threads);
+  const ThreadBudget budget =
+      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(), false, false);
+  apply_threads(budget);
   const data::Listing listing = list_split(spec.data, options.split, loaded.info.class_names);
   if (listing.class_names != loaded.info.class_names) {
     throw DataError(fmt::format("{} has classes [{}] but the model was trained on [{}]",
@@ -225,6 +259,7 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   data.normalize = loaded.info.normalize;
   data.reduced_decode = loaded.info.reduced_decode;
   data.cache = "none";  // one pass
+  data.num_workers = budget.decode;
   data::Loader loader(listing.examples, eval_loader_options(data, spec.train.per_replica_batch_size,
                                                             listing, loaded.info.num_classes));
 

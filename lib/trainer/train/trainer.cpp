@@ -20,6 +20,7 @@
 #include "trainer/train/schedule.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
+#include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
@@ -27,6 +28,8 @@ namespace trainer::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 void set_train_mode(model::ResNet& net, const config::ModelSpec& spec) {
   net->train();
@@ -37,6 +40,24 @@ std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
   std::vector<torch::Tensor> out;
   for (const auto& p : net->parameters()) {
     if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+// Parameters and buffers: what the replicas must hold identically.
+std::vector<torch::Tensor> replica_state(const model::ResNet& net) {
+  std::vector<torch::Tensor> state = net->parameters();
+  for (const auto& b : net->buffers()) state.push_back(b);
+  return state;
+}
+
+// The BN running statistics (running_mean, running_var), averaged across replicas every step.
+std::vector<torch::Tensor> bn_statistics(const model::ResNet& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& item : net->named_buffers()) {
+    if (item.value().is_floating_point() && item.key().find("running_") != std::string::npos) {
+      out.push_back(item.value());
+    }
   }
   return out;
 }
@@ -62,13 +83,19 @@ EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::ResNet& net, d
   return counts;
 }
 
-void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::ClusterSpec& cl,
-              const ModelSettings& settings, int threads, const model::ResNet& net) {
+void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainContext& ctx,
+              const model::ResNet& net) {
+  const ModelSettings& settings = ctx.settings;
   spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
                spec.model.head_hidden > 0 ? fmt::format(", head {}", spec.model.head_hidden) : "",
                model::count_parameters(*net));
-  spdlog::info("device {}, {} intra-op threads, precision {}{}", settings.device.str(), threads,
-               spec.train.precision, settings.channels_last ? ", channels_last" : "");
+  spdlog::info("device {}, precision {}{}{}", settings.device.str(),
+               settings.bf16 ? "bf16" : "fp32",
+               spec.train.precision == "auto" ? " (train.precision: auto)" : "",
+               settings.channels_last ? ", channels_last" : "");
+  spdlog::info("threads: {}", ctx.budget.describe());
+  const util::AllocatorInfo alloc = util::allocator_info();
+  spdlog::info("memory: {}{}", alloc.name, alloc.settings.empty() ? "" : ", " + alloc.settings);
   spdlog::info("data: {} training examples in {} classes [{}] from {}", plan.train.examples.size(),
                plan.num_classes, fmt::join(plan.class_names, ", "), plan.train.origin);
   if (plan.train.is_records()) {
@@ -80,8 +107,11 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::
     spdlog::info("data: {} validation examples from {}", plan.validation->examples.size(),
                  plan.validation->origin);
   }
-  spdlog::info("global batch {} = {} per replica x {} replica(s); {} steps per epoch",
+  spdlog::info("global batch {} = {} per replica x {} replica(s){}; {} steps per epoch",
                plan.global_batch_size, spec.train.per_replica_batch_size, plan.num_workers,
+               spec.train.micro_batch_size > 0
+                   ? fmt::format(" in micro-batches of {}", spec.train.micro_batch_size)
+                   : "",
                plan.steps_per_epoch);
   if (plan.num_workers > 1) {
     spdlog::info("data.shard_policy: {}; this worker reads {} examples", plan.shard.reason,
@@ -91,46 +121,269 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const cluster::
   if (!dropped.empty()) spdlog::info("left out of each epoch: {}", dropped);
 }
 
+// What one step computed on this replica.
+struct StepResult {
+  int64_t examples = 0;
+  double loss = 0;      // mean over the examples
+  double accuracy = 0;  // top-1, over the examples
+};
+
+// The model, its optimizer and the gradient average: one training step (torchvision's
+// train_one_epoch body). A batch whose images were all corrupt (on_corrupt: skip) still takes
+// part in the collectives, with no gradient, so every replica stays in lock-step.
+class Stepper {
+ public:
+  Stepper(const config::JobSpec& spec, const TrainContext& ctx, model::ResNet net)
+      : spec_(spec),
+        settings_(ctx.settings),
+        distributed_(ctx.group.world_size() > 1),
+        net_(std::move(net)),
+        params_(trainable_parameters(net_)),
+        optimizer_(make_optimizer(spec.train.optimizer, params_)),
+        loss_options_(torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
+            spec.train.label_smoothing)) {}
+
+  model::ResNet& net() { return net_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+
+  // After resume and the initial broadcast: gradients (and, unless BN is frozen, the BN running
+  // statistics and the stop vote) travel in the same all-reduce buckets.
+  void connect(dist::ProcessGroup& group) {
+    dist::GradSyncOptions o;
+    o.bucket_mb = spec_.distributed.bucket_mb;
+    if (!spec_.model.freeze_batchnorm) o.averaged_buffers = bn_statistics(net_);
+    o.stop_vote = [] { return util::stop_requested(); };
+    sync_ = std::make_unique<dist::GradientSync>(group, params_, std::move(o));
+    if (distributed_) {
+      spdlog::info(
+          "gradients: {} all-reduce buckets of about {} MB over {} ({} replicas){}",
+          sync_->num_buckets(), spec_.distributed.bucket_mb, group.backend(), group.world_size(),
+          spec_.model.freeze_batchnorm ? "" : "; BN statistics averaged in the last bucket");
+    }
+  }
+
+  StepResult step(const data::Batch& batch, double lr) {
+    set_learning_rate(*optimizer_, lr);
+    // Reset, not zero: the first backward hands its gradient over without a fill and an add.
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    StepResult r;
+    r.examples = batch.images.size(0);
+    if (r.examples > 0) {
+      const int64_t micro =
+          spec_.train.micro_batch_size > 0 ? spec_.train.micro_batch_size : r.examples;
+      double loss_sum = 0, correct = 0;
+      for (int64_t start = 0; start < r.examples; start += micro) {
+        const int64_t len = std::min(micro, r.examples - start);
+        const bool last = start + len >= r.examples;
+        sync_->set_accumulating(!last);
+        const torch::Tensor labels = batch.labels.narrow(0, start, len).to(settings_.device);
+        const torch::Tensor logits = forward_logits(
+            net_, prepare_input(batch.images.narrow(0, start, len), settings_), settings_);
+        const torch::Tensor loss =
+            torch::nn::functional::cross_entropy(logits, labels, loss_options_);
+        // Each micro-batch's mean weighted by its share: the gradients add up to the batch's.
+        (len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples)).backward();
+        loss_sum += loss.item<double>() * static_cast<double>(len);
+        correct += logits.argmax(1).eq(labels).sum().item<double>();
+      }
+      r.loss = loss_sum / static_cast<double>(r.examples);
+      r.accuracy = correct / static_cast<double>(r.examples);
+    }
+    sync_->set_accumulating(false);
+    sync_->finish();
+    if (r.examples > 0 || distributed_) optimizer_->step();
+    return r;
+  }
+
+  // Whether any replica was asked to stop (a signal) during this step: voted in the last
+  // gradient bucket, so every replica learns the same answer without another collective.
+  bool stop_everywhere() const {
+    return distributed_ ? sync_->last_step().stop_votes > 0 : util::stop_requested();
+  }
+
+  const dist::GradSyncStats& sync_stats() const { return sync_->last_step(); }
+
+ private:
+  const config::JobSpec& spec_;
+  const ModelSettings& settings_;
+  const bool distributed_;
+  model::ResNet net_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  torch::nn::functional::CrossEntropyFuncOptions loss_options_;
+  std::unique_ptr<dist::GradientSync> sync_;
+};
+
+// The per-step and per-epoch bookkeeping: timings, page faults and kernel time, metrics.jsonl
+// records, the progress bar and the epoch's log line.
+class EpochMeter {
+ public:
+  EpochMeter(const DataPlan& plan, bool distributed)
+      : workers_(plan.num_workers), distributed_(distributed) {}
+
+  void start() {
+    epoch_start_ = step_start_ = Clock::now();
+    usage_ = util::resource_usage();
+    loss_sum_ = correct_sum_ = comm_wait_s_ = step_time_s_ = data_wait_s_ = sys_s_ = 0;
+    faults_ = 0;
+    seen_ = steps_ = 0;
+  }
+  // Around Loader::next(): the time the loop waited for input.
+  void waited_for_data(Clock::duration d) { data_wait_ = seconds(d); }
+
+  // After a step: its metrics.jsonl record.
+  std::map<std::string, double> end_step(const StepResult& r, double lr,
+                                         const dist::GradSyncStats& sync) {
+    const auto now = Clock::now();
+    const double dt = seconds(now - step_start_);
+    step_start_ = now;
+    const util::ResourceUsage usage = util::resource_usage();
+    const util::ResourceUsage delta = usage - usage_;
+    usage_ = usage;
+    const double ips = static_cast<double>(r.examples) * workers_ / dt;
+    ips_ema_ = ips_ema_ == 0 ? ips : 0.8 * ips_ema_ + 0.2 * ips;
+    loss_sum_ += r.loss * static_cast<double>(r.examples);
+    correct_sum_ += r.accuracy * static_cast<double>(r.examples);
+    seen_ += r.examples;
+    ++steps_;
+    step_time_s_ += dt;
+    data_wait_s_ += data_wait_;
+    faults_ += delta.minor_faults;
+    sys_s_ += delta.sys_s;
+    std::map<std::string, double> record = {
+        {"loss", r.loss},
+        {"accuracy", r.accuracy},
+        {"learning_rate", lr},
+        {"images_per_sec", ips},
+        {"step_time_s", dt},
+        {"data_wait_s", data_wait_},
+        {"minor_faults", static_cast<double>(delta.minor_faults)},
+        {"sys_time_s", delta.sys_s}};
+    if (distributed_) {
+      comm_wait_s_ += sync.wait_s;
+      record["comm_wait_s"] = sync.wait_s;
+    }
+    return record;
+  }
+  double images_per_sec_ema() const { return ips_ema_; }
+
+  // The epoch's metrics.jsonl record and the start of its log line.
+  std::map<std::string, double> end_epoch(std::string* line) const {
+    std::map<std::string, double> m = {{"epoch_time_s", seconds(Clock::now() - epoch_start_)}};
+    if (seen_ == 0) {
+      *line = "no training steps this run";
+      return m;
+    }
+    m["train_loss"] = loss_sum_ / static_cast<double>(seen_);
+    m["train_accuracy"] = correct_sum_ / static_cast<double>(seen_);
+    m["minor_faults_per_step"] = static_cast<double>(faults_) / static_cast<double>(steps_);
+    m["sys_time_per_step_s"] = sys_s_ / static_cast<double>(steps_);
+    m["data_wait_share"] = step_time_s_ > 0 ? data_wait_s_ / step_time_s_ : 0;
+    *line = fmt::format(
+        "train loss {:.4f} acc {:.4f}; per step {:.0f} minor page faults, {:.3f} s in the kernel, "
+        "{:.1f}% of step time waiting for input",
+        m["train_loss"], m["train_accuracy"], m["minor_faults_per_step"], m["sys_time_per_step_s"],
+        100 * m["data_wait_share"]);
+    if (distributed_ && step_time_s_ > 0) {
+      m["comm_wait_share"] = comm_wait_s_ / step_time_s_;
+      *line += fmt::format(", {:.1f}% waiting on gradients", 100 * comm_wait_s_ / step_time_s_);
+    }
+    return m;
+  }
+
+ private:
+  int workers_;
+  bool distributed_;
+  Clock::time_point epoch_start_, step_start_;
+  util::ResourceUsage usage_;
+  double data_wait_ = 0, ips_ema_ = 0;
+  double loss_sum_ = 0, correct_sum_ = 0, comm_wait_s_ = 0, step_time_s_ = 0, data_wait_s_ = 0,
+         sys_s_ = 0;
+  int64_t faults_ = 0, seen_ = 0, steps_ = 0;
+};
+
+// The one place that decides what only the chief writes: checkpoints (after proving every
+// replica holds the same weights and statistics) and the exported model. Every rank calls these
+// (they are collectives); agree() turns a failure on the chief into the same error everywhere.
+class ChiefWrites {
+ public:
+  ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper)
+      : spec_(spec), ctx_(ctx), stepper_(stepper), identity_(job_identity(spec)) {}
+
+  void checkpoint(const TrainPosition& at) {
+    dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()),
+                               fmt::format("at the checkpoint of step {}", at.global_step));
+    agree(ctx_.group, ctx_.cluster, "writing a checkpoint", [&] {
+      if (!ctx_.job_dir.is_chief()) return;
+      const auto dir =
+          save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, *stepper_.net(),
+                          stepper_.optimizer(), spec_.checkpoint.keep);
+      spdlog::info("checkpoint {}", dir.string());
+    });
+  }
+
+  void export_model(const TrainSummary& summary) {
+    dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()), "at the end");
+    agree(ctx_.group, ctx_.cluster, "exporting the model", [&] {
+      if (!ctx_.job_dir.is_chief()) return;
+      ModelInfo info;
+      info.arch = spec_.model.arch;
+      info.num_classes = ctx_.plan.num_classes;
+      info.head_hidden = spec_.model.head_hidden;
+      info.class_names = ctx_.plan.class_names;
+      info.image_size = spec_.data.image_size;
+      info.normalize = spec_.data.normalize;
+      info.reduced_decode = spec_.data.reduced_decode;
+      info.precision = ctx_.settings.bf16 ? "bf16" : "fp32";
+      info.channels_last = ctx_.settings.channels_last;
+      info.global_step = summary.global_step;
+      info.epochs = summary.epochs_done;
+      train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info);
+    });
+  }
+
+ private:
+  const config::JobSpec& spec_;
+  const TrainContext& ctx_;
+  Stepper& stepper_;
+  std::string identity_;
+};
+
 }  // namespace
 
 std::string job_identity(const config::JobSpec& spec) {
   config::JobSpec identity = spec;
+  // The fields of config::resumable_changes(): they may differ between runs of one job.
   identity.train.epochs = config::TrainSpec{}.epochs;
   identity.train.max_steps = config::TrainSpec{}.max_steps;
+  identity.train.threads = config::TrainSpec{}.threads;
+  identity.data.num_workers = config::DataSpec{}.num_workers;
+  identity.data.prefetch_batches = config::DataSpec{}.prefetch_batches;
   identity.logging = config::LoggingSpec{};
   return config::fingerprint(identity);
 }
 
 TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   const DataPlan& plan = ctx.plan;
-  const ModelSettings& settings = ctx.settings;
   dist::ProcessGroup& group = ctx.group;
-  const cluster::JobDir& job_dir = ctx.job_dir;
   const bool distributed = group.world_size() > 1;
 
   // 1. Data: this worker's shard, the same number of steps on every worker.
-  data::Loader train_loader(plan.train.examples, train_loader_options(spec.data, spec.train, plan));
+  config::DataSpec data = spec.data;
+  data.num_workers = ctx.budget.decode;
+  data::Loader train_loader(plan.train.examples, train_loader_options(data, spec.train, plan));
   std::unique_ptr<data::Loader> val_loader;
   if (plan.validation) {
     val_loader = std::make_unique<data::Loader>(
         plan.validation->examples,
-        eval_loader_options(spec.data, spec.train.per_replica_batch_size, *plan.validation,
+        eval_loader_options(data, spec.train.per_replica_batch_size, *plan.validation,
                             plan.num_classes, plan.worker, plan.num_workers));
   }
 
-  // 2. Model: built from the seed, then the chief's weights everywhere.
-  model::ResNet net = build_model(spec.model, plan.num_classes, spec.train.seed);
-  log_plan(spec, plan, ctx.cluster, settings, ctx.threads, net);
-  place_model(net, settings);
-  std::vector<torch::Tensor> state = net->parameters();
-  for (const auto& b : net->buffers()) state.push_back(b);
-  std::vector<torch::Tensor> bn_stats;  // running statistics, broadcast each step as DDP does
-  for (const auto& item : net->named_buffers()) {
-    if (item.key().find("running_") != std::string::npos) bn_stats.push_back(item.value());
-  }
-
-  // 3. Optimizer and schedule (linear scaling rule when asked).
-  auto optimizer = make_optimizer(spec.train.optimizer, trainable_parameters(net));
+  // 2. Model and optimizer, the schedule (linear scaling rule when asked).
+  Stepper stepper(spec, ctx, build_model(spec.model, plan.num_classes, spec.train.seed));
+  log_plan(spec, plan, ctx, stepper.net());
+  place_model(stepper.net(), ctx.settings);
   const double base_lr =
       spec.train.optimizer.learning_rate * (spec.train.scale_lr == "linear" ? plan.num_workers : 1);
   if (spec.train.scale_lr == "linear") {
@@ -139,107 +392,54 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   }
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
 
-  // 4. Resume, then make the replicas identical.
+  // 3. Resume, then the chief's weights everywhere, then the gradient sync.
   TrainPosition pos;
   if (ctx.resume) {
-    restore_checkpoint(*ctx.resume, *net, *optimizer);
+    restore_checkpoint(*ctx.resume, *stepper.net(), stepper.optimizer());
     pos = ctx.resume->position;
     spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
                  pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
   }
-  dist::broadcast_parameters(group, state);
-  dist::GradientSync grad_sync(group, trainable_parameters(net), spec.distributed.bucket_mb);
-  if (distributed) {
-    spdlog::info("gradients: {} all-reduce buckets of about {} MB over {} ({} replicas)",
-                 grad_sync.num_buckets(), spec.distributed.bucket_mb, group.backend(),
-                 group.world_size());
-  }
+  dist::broadcast_parameters(group, replica_state(stepper.net()));
+  stepper.connect(group);
+  ChiefWrites chief(spec, ctx, stepper);
+  MetricsLog metrics(ctx.job_dir.metrics_file(), ctx.resume ? pos.global_step : 0);
 
-  MetricsLog metrics(job_dir.metrics_file(), ctx.resume ? pos.global_step : 0);
-  const std::string identity = job_identity(spec);
-  auto checkpoint = [&](const TrainPosition& at) {
-    dist::check_replicas_agree(group, net->parameters(),
-                               fmt::format("at the checkpoint of step {}", at.global_step));
-    agree(group, ctx.cluster, "writing a checkpoint", [&] {
-      if (!job_dir.is_chief()) return;
-      const auto dir = save_checkpoint(job_dir.checkpoints_dir(), at, identity, *net, *optimizer,
-                                       spec.checkpoint.keep);
-      spdlog::info("checkpoint {}", dir.string());
-    });
-  };
-
-  // 5. The loop.
+  // 4. The loop.
   Progress progress(util::stderr_is_tty(), spec.logging.every_steps);
+  EpochMeter meter(plan, distributed);
   TrainSummary summary;
   summary.epochs_done = pos.epoch;
-  const auto loss_options =
-      torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(spec.train.label_smoothing);
   // A resumed job may already be at train.max_steps (then only the export below runs).
-  bool stop = spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
+  auto at_max_steps = [&] {
+    return spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
+  };
+  bool stop = at_max_steps();
   for (; pos.epoch < spec.train.epochs && !stop; ++pos.epoch, pos.batch_in_epoch = 0) {
-    set_train_mode(net, spec.model);
+    set_train_mode(stepper.net(), spec.model);
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
     progress.start_epoch(pos.epoch, spec.train.epochs, plan.steps_per_epoch, pos.batch_in_epoch);
-    const auto epoch_start = Clock::now();
-    double loss_sum = 0, correct_sum = 0, comm_wait_s = 0, step_time_s = 0;
-    int64_t seen = 0;
-    double ips_ema = 0;
-    auto step_start = Clock::now();
-    while (auto batch = train_loader.next()) {
+    meter.start();
+    for (;;) {
+      const auto wait_start = Clock::now();
+      std::optional<data::Batch> batch = train_loader.next();
+      if (!batch) break;
+      meter.waited_for_data(Clock::now() - wait_start);
       const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, pos.global_step, shape);
-      set_learning_rate(*optimizer, lr);
-      if (distributed && !spec.model.freeze_batchnorm) dist::broadcast_parameters(group, bn_stats);
-      // A batch whose images were all corrupt (on_corrupt: skip) still takes part in the
-      // collectives, with a zero gradient, so every replica stays in lock-step.
-      const int64_t n = batch->images.size(0);
-      double loss_v = 0, acc = 0;
-      optimizer->zero_grad();
-      if (n > 0) {
-        const torch::Tensor labels = batch->labels.to(settings.device);
-        const torch::Tensor logits =
-            forward_logits(net, prepare_input(batch->images, settings), settings);
-        const torch::Tensor loss =
-            torch::nn::functional::cross_entropy(logits, labels, loss_options);
-        loss.backward();
-        loss_v = loss.item<double>();
-        acc = logits.argmax(1).eq(labels).sum().item<double>() / static_cast<double>(n);
-      }
-      grad_sync.finish();
-      if (n > 0 || distributed) optimizer->step();
-
-      const auto now = Clock::now();
-      const double dt = std::chrono::duration<double>(now - step_start).count();
-      step_start = now;
-      const double ips = static_cast<double>(n) * plan.num_workers / dt;
-      ips_ema = ips_ema == 0 ? ips : 0.8 * ips_ema + 0.2 * ips;
-      loss_sum += loss_v * static_cast<double>(n);
-      correct_sum += acc * static_cast<double>(n);
-      seen += n;
-      comm_wait_s += grad_sync.last_step().wait_s;
-      step_time_s += dt;
+      const StepResult r = stepper.step(*batch, lr);
       ++pos.global_step;
-      std::map<std::string, double> record = {
-          {"loss", loss_v}, {"accuracy", acc}, {"learning_rate", lr}, {"images_per_sec", ips}};
-      if (distributed) {
-        record["step_time_s"] = dt;
-        record["comm_wait_s"] = grad_sync.last_step().wait_s;
-      }
-      metrics.write(pos.global_step, pos.epoch + 1, record);
-      progress.step(batch->index + 1, loss_v, acc, lr, ips_ema);
       pos.batch_in_epoch = batch->index + 1;
-      // Every replica stops at the same step when any of them was asked to.
-      if (group.all_reduce_max(util::stop_requested() ? 1 : 0) > 0) {
+      metrics.write(pos.global_step, pos.epoch + 1, meter.end_step(r, lr, stepper.sync_stats()));
+      progress.step(batch->index + 1, r.loss, r.accuracy, lr, meter.images_per_sec_ema());
+      if (stepper.stop_everywhere()) {  // every replica stops at the same step
         progress.end_epoch();
-        checkpoint(pos);
+        chief.checkpoint(pos);
         throw Interrupted(fmt::format(
             "stopped by a signal at step {}; the newest checkpoint holds this position: start the "
             "same command again to resume",
             pos.global_step));
       }
-      if (spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps) {
-        stop = true;
-        break;
-      }
+      if ((stop = at_max_steps())) break;
     }
     progress.end_epoch();
     if (train_loader.skipped_total() > 0) {
@@ -253,29 +453,16 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     }
 
     const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
-    std::map<std::string, double> epoch_metrics = {
-        {"epoch_time_s", std::chrono::duration<double>(Clock::now() - epoch_start).count()}};
-    if (seen > 0) {
-      epoch_metrics["train_loss"] = loss_sum / static_cast<double>(seen);
-      epoch_metrics["train_accuracy"] = correct_sum / static_cast<double>(seen);
-    }
-    std::string line =
-        seen > 0 ? fmt::format("train loss {:.4f} acc {:.4f}", epoch_metrics.at("train_loss"),
-                               epoch_metrics.at("train_accuracy"))
-                 : std::string("no training steps this run");
-    if (distributed && step_time_s > 0) {
-      epoch_metrics["comm_wait_share"] = comm_wait_s / step_time_s;
-      line += fmt::format(", waiting on gradients {:.1f}% of step time",
-                          100 * comm_wait_s / step_time_s);
-    }
+    std::string line;
+    std::map<std::string, double> epoch_metrics = meter.end_epoch(&line);
     if (val_loader && (epoch_finished || stop)) {
       const EvalCounts val =
-          evaluate_distributed(group, net, *val_loader, plan.num_classes, settings);
-      set_train_mode(net, spec.model);
+          evaluate_distributed(group, stepper.net(), *val_loader, plan.num_classes, ctx.settings);
+      set_train_mode(stepper.net(), spec.model);
       epoch_metrics["val_loss"] = val.loss();
       epoch_metrics["val_accuracy"] = val.accuracy();
       summary.val_accuracy = val.accuracy();
-      line += fmt::format(", validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
+      line += fmt::format("; validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
                           val.accuracy(), val.num_examples);
     }
     spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
@@ -284,9 +471,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     if (epoch_finished) {
       const TrainPosition next{pos.epoch + 1, 0, pos.global_step};
       const bool last = next.epoch >= spec.train.epochs;
-      if (stop || last || next.epoch % spec.checkpoint.every_epochs == 0) checkpoint(next);
+      if (stop || last || next.epoch % spec.checkpoint.every_epochs == 0) chief.checkpoint(next);
     } else if (stop) {
-      checkpoint(pos);
+      chief.checkpoint(pos);
     }
     summary.epochs_done = epoch_finished ? pos.epoch + 1 : pos.epoch;
   }
@@ -294,25 +481,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     spdlog::info("train.max_steps {} reached at step {}", spec.train.max_steps, pos.global_step);
   }
 
-  // 6. Export (chief only), after proving the replicas agree.
-  dist::check_replicas_agree(group, net->parameters(), "at the end");
+  // 5. Export (chief only), after proving the replicas agree.
   summary.global_step = pos.global_step;
-  agree(group, ctx.cluster, "exporting the model", [&] {
-    if (!job_dir.is_chief()) return;
-    ModelInfo info;
-    info.arch = spec.model.arch;
-    info.num_classes = plan.num_classes;
-    info.head_hidden = spec.model.head_hidden;
-    info.class_names = plan.class_names;
-    info.image_size = spec.data.image_size;
-    info.normalize = spec.data.normalize;
-    info.reduced_decode = spec.data.reduced_decode;
-    info.precision = spec.train.precision;
-    info.channels_last = spec.train.channels_last;
-    info.global_step = pos.global_step;
-    info.epochs = summary.epochs_done;
-    export_model(job_dir.model_dir(), net, info);
-  });
+  chief.export_model(summary);
   return summary;
 }
 

@@ -1,8 +1,9 @@
 // The training loop of one process of a (possibly one-process) synchronous data-parallel job:
 // data plan -> model (the chief's initial weights broadcast) -> optimizer/schedule -> resume ->
-// epochs of lock-step steps (gradients averaged by dist::GradientSync, BN statistics broadcast
-// from the chief) -> validation summed over workers -> checkpoints and export (chief only).
-// Used by run_train. Not thread-safe.
+// epochs of lock-step steps (micro-batches optional; gradients, BN running statistics and the
+// stop vote averaged in the same dist::GradientSync buckets) -> validation summed over workers ->
+// checkpoints and export (chief only). Each step records its timings, the time it waited for
+// input and its page faults in metrics.jsonl. Used by run_train. Not thread-safe.
 #pragma once
 
 #include <optional>
@@ -34,7 +35,7 @@ struct TrainContext {
   const DataPlan& plan;
   dist::ProcessGroup& group;
   ModelSettings settings;
-  int threads = 1;
+  ThreadBudget budget;
   std::optional<CheckpointInfo> resume;
 };
 

@@ -390,3 +390,13 @@ TEST_CASE("run_launch: children inherit no pipe of the launcher's but their stdo
   }
   CHECK(own_pipes == 6);
 }
+
+TEST_CASE("split_cpus: contiguous near-equal slices, none when there are too few CPUs") {
+  using trainer::cluster::split_cpus;
+  CHECK(split_cpus({0, 1}, 2) == std::vector<std::vector<int>>{{0}, {1}});
+  CHECK(split_cpus({0, 1, 2, 3, 4}, 2) == std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}});
+  CHECK(split_cpus({4, 6, 9}, 3) == std::vector<std::vector<int>>{{4}, {6}, {9}});
+  // Fewer CPUs than processes: every process keeps the launcher's mask (empty = no pinning).
+  CHECK(split_cpus({0, 1}, 3) == std::vector<std::vector<int>>{{}, {}, {}});
+  CHECK(split_cpus({0, 1}, 0).empty());
+}

@@ -230,3 +230,96 @@ TEST_CASE("GradientSync refuses a parameter unfrozen after it was built", "[dist
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("#1 was frozen"));
 }
+
+TEST_CASE("GradientSync averages BN statistics and counts stop votes in the last bucket",
+          "[dist][grad_sync]") {
+  const int world = 3;
+  std::vector<Net> nets;
+  for (int r = 0; r < world; ++r) nets.push_back(make_net(Variant::kPlain));
+  const auto batches = make_batches(world, Variant::kPlain);
+  struct Out {
+    torch::Tensor mean, var;
+    int votes = 0;
+  };
+  std::vector<torch::Tensor> means(world), vars(world);
+  auto outs = run_ranks(world, [&](int r, ProcessGroup& g) {
+    Net& net = nets[r];
+    trainer::dist::GradSyncOptions o;
+    o.bucket_mb = 1e-6;  // one bucket per parameter: the statistics ride in the last one only
+    o.averaged_buffers = {net->bn->running_mean, net->bn->running_var};
+    o.stop_vote = [r] { return r != 1; };
+    GradientSync sync(g, net->parameters(), std::move(o));
+    forward_backward(net, batches[r], r, Variant::kPlain);
+    means[r] = net->bn->running_mean.clone();  // this rank's own, before the average
+    vars[r] = net->bn->running_var.clone();
+    sync.finish();
+    return Out{net->bn->running_mean.clone(), net->bn->running_var.clone(),
+               sync.last_step().stop_votes};
+  });
+  const auto mean = (means[0] + means[1] + means[2]) / 3;
+  const auto var = (vars[0] + vars[1] + vars[2]) / 3;
+  CHECK_FALSE(torch::equal(means[0], means[1]));  // the ranks saw different data
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(torch::allclose(outs[r].mean, mean, 1e-6, 1e-7));
+    CHECK(torch::allclose(outs[r].var, var, 1e-6, 1e-7));
+    CHECK(torch::equal(outs[r].mean, outs[0].mean));  // bit for bit the same everywhere
+    CHECK(torch::equal(outs[r].var, outs[0].var));
+    CHECK(outs[r].votes == 2);
+  }
+}
+
+TEST_CASE("GradientSync leaves each gradient in its bucket and accumulates micro-batches",
+          "[dist][grad_sync]") {
+  const int world = 2;
+  const Variant v = GENERATE(Variant::kPlain, Variant::kChannelsLast);
+  const auto batches = make_batches(world, v);
+  // Reference: each rank's two half-batches accumulated alone, then averaged over ranks.
+  std::vector<torch::Tensor> expected;
+  for (int r = 0; r < world; ++r) {
+    Net net = make_net(v);
+    for (int half = 0; half < 2; ++half) {
+      Batch b{batches[r].x.narrow(0, 2 * half, 2), batches[r].y.narrow(0, 2 * half, 2)};
+      forward_backward(net, b, r, v);
+    }
+    auto g = grads_of(net);
+    if (expected.empty()) expected.resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i].defined()) expected[i] = expected[i].defined() ? expected[i] + g[i] : g[i].clone();
+    }
+  }
+  std::vector<Net> nets;
+  for (int r = 0; r < world; ++r) nets.push_back(make_net(v));
+  auto outs = run_ranks(world, [&](int r, ProcessGroup& g) {
+    Net& net = nets[r];
+    GradientSync sync(g, net->parameters(), 25.0);
+    std::vector<torch::Tensor> grads;
+    bool shares = true;
+    for (int step = 0; step < 2; ++step) {
+      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+      for (int half = 0; half < 2; ++half) {
+        sync.set_accumulating(half == 0);
+        Batch b{batches[r].x.narrow(0, 2 * half, 2), batches[r].y.narrow(0, 2 * half, 2)};
+        forward_backward(net, b, r, v);
+      }
+      sync.finish();
+    }
+    // Every averaged gradient is a view into one bucket (one storage), in the parameter's layout.
+    const auto conv_grad = net->conv->weight.grad();
+    const auto fc_grad = net->fc->weight.grad();
+    shares = conv_grad.storage().data() == fc_grad.storage().data() &&
+             conv_grad.strides() == net->conv->weight.strides();
+    return std::make_pair(grads_of(net), shares);
+  });
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(outs[r].second);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(outs[r].first[i].defined() == expected[i].defined());
+      if (expected[i].defined()) {
+        CHECK(torch::allclose(outs[r].first[i], expected[i] / world, 1e-5, 1e-6));
+      }
+    }
+  }
+}

@@ -1,0 +1,195 @@
+// The training step as a user sees it: micro-batches give the plain batch's weights (BN frozen),
+// every step records its input wait, page faults and kernel time, the binary runs on the
+// allocator it was built with, steady steps take few page faults, inspect shows the effective
+// precision and thread budget for this process's CPUs, and `trainer launch` gives each local
+// worker its own cores.
+#include <catch2/catch.hpp>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fixtures.h"
+#include "harness.h"
+
+using namespace trainer::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+bool cpuinfo_has(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string w; words >> w;) {
+      if (w == flag) return true;
+    }
+    return false;
+  }
+  return false;
+}
+
+// Restricts this process (and so the trainers it starts) to `n` of its CPUs while alive.
+class Affinity {
+ public:
+  explicit Affinity(int n) {
+    sched_getaffinity(0, sizeof saved_, &saved_);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int left = n;
+    for (int cpu = 0; cpu < CPU_SETSIZE && left > 0; ++cpu) {
+      if (CPU_ISSET(cpu, &saved_)) {
+        CPU_SET(cpu, &set);
+        --left;
+      }
+    }
+    sched_setaffinity(0, sizeof set, &set);
+  }
+  ~Affinity() { sched_setaffinity(0, sizeof saved_, &saved_); }
+
+ private:
+  cpu_set_t saved_;
+};
+
+int affinity_cores() {
+  cpu_set_t set;
+  sched_getaffinity(0, sizeof set, &set);
+  return CPU_COUNT(&set);
+}
+
+}  // namespace
+
+TEST_CASE("micro-batches of 4 give the weights of the plain batch of 8 when BN is frozen",
+          "[step]") {
+  TempDir dir("micro");
+  make_dataset(dir.path(), "data", 8, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const std::string common =
+      "--config job.yaml --set data.shuffle=false --set model.freeze_batchnorm=true "
+      "--set train.optimizer.name=sgd --set train.optimizer.momentum=0 "
+      "--set train.optimizer.learning_rate=0.005 --set data.validation.path= "
+      "--set train.max_steps=3 --set train.per_replica_batch_size=8";
+  const Result plain = run_trainer(dir.path(), common + " --job-dir plain");
+  INFO(plain.err);
+  REQUIRE(plain.code == 0);
+  const Result micro =
+      run_trainer(dir.path(), common + " --job-dir micro --set train.micro_batch_size=4");
+  INFO(micro.err);
+  REQUIRE(micro.code == 0);
+  CHECK_THAT(micro.err, Contains("8 per replica x 1 replica(s) in micro-batches of 4"));
+  const double worst =
+      largest_relative_difference(read_f32(dir / "plain" / "model" / "model.safetensors"),
+                                  read_f32(dir / "micro" / "model" / "model.safetensors"));
+  INFO("largest relative difference " << worst);
+  CHECK(worst <= 1e-5);
+  CHECK(worst > 0);  // really two different computations (summation order)
+  // The losses recorded per step are the batch's, however it was split.
+  const auto a = read_metrics(dir / "plain" / "metrics.jsonl");
+  const auto b = read_metrics(dir / "micro" / "metrics.jsonl");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].contains("loss")) {
+      CHECK(b[i]["loss"].get<double>() == Approx(a[i]["loss"].get<double>()).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("every step records input wait, page faults and kernel time, and steady steps fault little",
+          "[step]") {
+  TempDir dir("usage");
+  make_dataset(dir.path(), "data", 8, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const Result r = run_trainer(
+      dir.path(),
+      "--config job.yaml --job-dir job --set data.validation.path= --set train.max_steps=8 "
+      "--set train.per_replica_batch_size=4");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  std::vector<double> faults;
+  bool epoch_seen = false;
+  for (const auto& rec : read_metrics(dir / "job" / "metrics.jsonl")) {
+    if (rec.contains("loss")) {
+      for (const char* key : {"data_wait_s", "minor_faults", "sys_time_s", "step_time_s"}) {
+        INFO(key);
+        REQUIRE(rec.contains(key));
+        CHECK(rec[key].get<double>() >= 0);
+      }
+      CHECK(rec["data_wait_s"].get<double>() <= rec["step_time_s"].get<double>());
+      faults.push_back(rec["minor_faults"].get<double>());
+    } else if (rec.contains("minor_faults_per_step")) {
+      epoch_seen = true;
+      CHECK(rec.contains("data_wait_share"));
+      CHECK(rec.contains("sys_time_per_step_s"));
+    }
+  }
+  CHECK(epoch_seen);
+  REQUIRE(faults.size() == 8);
+  CHECK_THAT(r.err, Contains("minor page faults") && Contains("waiting for input"));
+#if TRAINER_EXPECT_JEMALLOC
+  CHECK_THAT(r.err, Contains("memory: jemalloc") && Contains("freed pages stay mapped"));
+  // The first step maps the activations; once warm, a step reuses them. (The decode threads'
+  // images and the logging still touch a few fresh pages.)
+  std::vector<double> steady(faults.begin() + 3, faults.end());
+  std::sort(steady.begin(), steady.end());
+  INFO("first step " << faults[0] << " faults; steady median " << steady[steady.size() / 2]);
+  CHECK(steady[steady.size() / 2] * 10 < faults[0]);
+#else
+  CHECK_THAT(r.err, Contains("memory: glibc"));
+#endif
+}
+
+TEST_CASE("inspect shows the effective precision, layout and thread budget of this process",
+          "[step]") {
+  TempDir dir("runtime");
+  make_dataset(dir.path(), "data", 4, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const bool native = cpuinfo_has("avx512_bf16") || cpuinfo_has("amx_bf16");
+  {
+    Affinity one(1);
+    const Result r = run_trainer(
+        dir.path(),
+        "inspect --config job.yaml --set train.precision=auto --set train.channels_last=true "
+        "--set train.threads=0 --set data.num_workers=auto");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    const auto rt = nlohmann::json::parse(r.out)["runtime"];
+    CHECK(rt["precision"] == (native ? "bf16" : "fp32"));
+    CHECK(rt["precision_requested"] == "auto");
+    CHECK(rt["memory_format"] == "channels_last");
+    CHECK(rt["threads"]["cores"] == 1);
+    CHECK(rt["threads"]["intra_op"] == 1);
+    CHECK(rt["threads"]["decode"] == 1);
+    CHECK(rt["cpu"]["native_bf16"] == native);
+  }
+  const Result all = run_trainer(dir.path(), "inspect --config job.yaml --set train.threads=0");
+  REQUIRE(all.code == 0);
+  CHECK(nlohmann::json::parse(all.out)["runtime"]["threads"]["cores"] == affinity_cores());
+}
+
+TEST_CASE("trainer launch gives each local worker its own cores", "[step][launch]") {
+  const int cores = affinity_cores();
+  if (cores < 2) {
+    WARN("one core only: launch does not pin, nothing to check");
+    return;
+  }
+  TempDir dir("pin");
+  make_dataset(dir.path(), "data", 4, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const Result r = run_trainer(
+      dir.path(),
+      "launch --workers 2 -- --config job.yaml --job-dir job --set train.max_steps=1 "
+      "--set train.threads=0 --set data.validation.path= --set distributed.timeout_s=60");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const int half = cores / 2;  // worker 0 gets the extra one when odd
+  CHECK_THAT(r.err, Contains("launch: worker 1 runs on CPU"));
+  CHECK_THAT(r.err,
+             Contains("[worker 1] ") &&
+                 Contains(std::to_string(half) + " core(s) in this process's CPU affinity: " +
+                          std::to_string(half) + " intra-op"));
+  CHECK_THAT(r.err, Contains("BN statistics averaged in the last bucket"));
+}
