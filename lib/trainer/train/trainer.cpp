@@ -128,20 +128,26 @@ struct StepResult {
   double accuracy = 0;  // top-1, over the examples
 };
 
-// The model, its optimizer and the gradient average: one training step (torchvision's
-// train_one_epoch body). A batch whose images were all corrupt (on_corrupt: skip) still takes
-// part in the collectives, with no gradient, so every replica stays in lock-step.
+// The model on its device and in its memory format, its optimizer (built after the placement)
+// and the gradient average: one training step (torchvision's train_one_epoch body). A batch whose
+// images were all corrupt (on_corrupt: skip) still takes part in the collectives, with no gradient,
+// so every replica stays in lock-step.
 class Stepper {
  public:
   Stepper(const config::JobSpec& spec, const TrainContext& ctx, model::ResNet net)
       : spec_(spec),
         settings_(ctx.settings),
         distributed_(ctx.group.world_size() > 1),
-        net_(std::move(net)),
+        net_(placed(std::move(net), ctx.settings)),
         params_(trainable_parameters(net_)),
         optimizer_(make_optimizer(spec.train.optimizer, params_)),
         loss_options_(torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
             spec.train.label_smoothing)) {}
+
+  static model::ResNet placed(model::ResNet net, const ModelSettings& settings) {
+    place_model(net, settings);
+    return net;
+  }
 
   model::ResNet& net() { return net_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -214,26 +220,35 @@ class Stepper {
   std::unique_ptr<dist::GradientSync> sync_;
 };
 
-// The per-step and per-epoch bookkeeping: timings, page faults and kernel time, metrics.jsonl
-// records, the progress bar and the epoch's log line.
+// The per-step and per-epoch bookkeeping: timings, the wait for input, page faults and kernel
+// time, metrics.jsonl records, the progress bar and the epoch's log line.
 class EpochMeter {
  public:
-  EpochMeter(const DataPlan& plan, bool distributed)
-      : workers_(plan.num_workers), distributed_(distributed) {}
+  EpochMeter(const DataPlan& plan, bool distributed, MetricsLog metrics, Progress progress)
+      : workers_(plan.num_workers),
+        distributed_(distributed),
+        metrics_(std::move(metrics)),
+        progress_(std::move(progress)) {}
 
-  void start() {
+  void start_epoch(const TrainPosition& pos, int64_t epochs, int64_t steps) {
+    progress_.start_epoch(pos.epoch, epochs, steps, pos.batch_in_epoch);
     epoch_start_ = step_start_ = Clock::now();
     usage_ = util::resource_usage();
     loss_sum_ = correct_sum_ = comm_wait_s_ = step_time_s_ = data_wait_s_ = sys_s_ = 0;
     faults_ = 0;
     seen_ = steps_ = 0;
   }
-  // Around Loader::next(): the time the loop waited for input.
-  void waited_for_data(Clock::duration d) { data_wait_ = seconds(d); }
+  // Loader::next(), timed: the time the loop waited for input.
+  std::optional<data::Batch> next_batch(data::Loader& loader) {
+    const auto start = Clock::now();
+    std::optional<data::Batch> batch = loader.next();
+    data_wait_ = seconds(Clock::now() - start);
+    return batch;
+  }
 
-  // After a step: its metrics.jsonl record.
-  std::map<std::string, double> end_step(const StepResult& r, double lr,
-                                         const dist::GradSyncStats& sync) {
+  // After a step (pos: the position after it): its metrics.jsonl record and the progress bar.
+  void end_step(const TrainPosition& pos, const StepResult& r, double lr,
+                const dist::GradSyncStats& sync) {
     const auto now = Clock::now();
     const double dt = seconds(now - step_start_);
     step_start_ = now;
@@ -263,12 +278,26 @@ class EpochMeter {
       comm_wait_s_ += sync.wait_s;
       record["comm_wait_s"] = sync.wait_s;
     }
-    return record;
+    metrics_.write(pos.global_step, pos.epoch + 1, record);
+    progress_.step(pos.batch_in_epoch, r.loss, r.accuracy, lr, ips_ema_);
   }
-  double images_per_sec_ema() const { return ips_ema_; }
 
-  // The epoch's metrics.jsonl record and the start of its log line.
-  std::map<std::string, double> end_epoch(std::string* line) const {
+  // Ends the progress bar (also before a stop on a signal).
+  void end_progress() { progress_.end_epoch(); }
+
+  // Ends the progress bar, logs what the loader skipped and caches, and returns the epoch's
+  // metrics.jsonl record and the start of its log line.
+  std::map<std::string, double> end_epoch(const data::Loader& loader, std::string* line) {
+    progress_.end_epoch();
+    if (loader.skipped_total() > 0) {
+      spdlog::warn("{} corrupt training images skipped so far (data.on_corrupt: skip)",
+                   loader.skipped_total());
+    }
+    if (loader.cached_examples() > 0) {
+      spdlog::info("data.cache: memory holds {} of {} training images, {:.1f} MiB",
+                   loader.cached_examples(), loader.num_examples(),
+                   static_cast<double>(loader.cached_bytes()) / (1024.0 * 1024.0));
+    }
     std::map<std::string, double> m = {{"epoch_time_s", seconds(Clock::now() - epoch_start_)}};
     if (seen_ == 0) {
       *line = "no training steps this run";
@@ -291,9 +320,15 @@ class EpochMeter {
     return m;
   }
 
+  void write_epoch(const TrainPosition& pos, const std::map<std::string, double>& record) {
+    metrics_.write(pos.global_step, pos.epoch + 1, record);
+  }
+
  private:
   int workers_;
   bool distributed_;
+  MetricsLog metrics_;
+  Progress progress_;
   Clock::time_point epoch_start_, step_start_;
   util::ResourceUsage usage_;
   double data_wait_ = 0, ips_ema_ = 0;
@@ -320,6 +355,19 @@ class ChiefWrites {
                           stepper_.optimizer(), spec_.checkpoint.keep);
       spdlog::info("checkpoint {}", dir.string());
     });
+  }
+
+  // The cadence at the end of an epoch's steps: a finished epoch checkpoints every
+  // checkpoint.every_epochs, at the last epoch and when stopping at max_steps; a run stopped
+  // mid-epoch checkpoints where it stopped.
+  void checkpoint_if_due(const TrainPosition& pos, bool epoch_finished, bool stopping) {
+    if (epoch_finished) {
+      const TrainPosition next{pos.epoch + 1, 0, pos.global_step};
+      const bool last = next.epoch >= spec_.train.epochs;
+      if (stopping || last || next.epoch % spec_.checkpoint.every_epochs == 0) checkpoint(next);
+    } else if (stopping) {
+      checkpoint(pos);
+    }
   }
 
   void export_model(const TrainSummary& summary) {
@@ -349,6 +397,24 @@ class ChiefWrites {
   std::string identity_;
 };
 
+// Every replica was asked to stop at this step: checkpoint here and exit (143).
+[[noreturn]] void stop_on_signal(EpochMeter& meter, ChiefWrites& chief, const TrainPosition& pos) {
+  meter.end_progress();
+  chief.checkpoint(pos);
+  throw Interrupted(fmt::format(
+      "stopped by a signal at step {}; the newest checkpoint holds this position: start the same "
+      "command again to resume",
+      pos.global_step));
+}
+
+void add_validation(const EvalCounts& val, std::map<std::string, double>* metrics,
+                    std::string* line) {
+  (*metrics)["val_loss"] = val.loss();
+  (*metrics)["val_accuracy"] = val.accuracy();
+  *line += fmt::format("; validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
+                       val.accuracy(), val.num_examples);
+}
+
 }  // namespace
 
 std::string job_identity(const config::JobSpec& spec) {
@@ -366,7 +432,6 @@ std::string job_identity(const config::JobSpec& spec) {
 TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   const DataPlan& plan = ctx.plan;
   dist::ProcessGroup& group = ctx.group;
-  const bool distributed = group.world_size() > 1;
 
   // 1. Data: this worker's shard, the same number of steps on every worker.
   config::DataSpec data = spec.data;
@@ -380,10 +445,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                             plan.num_classes, plan.worker, plan.num_workers));
   }
 
-  // 2. Model and optimizer, the schedule (linear scaling rule when asked).
+  // 2. Model and optimizer; the schedule (linear scaling rule when asked).
   Stepper stepper(spec, ctx, build_model(spec.model, plan.num_classes, spec.train.seed));
   log_plan(spec, plan, ctx, stepper.net());
-  place_model(stepper.net(), ctx.settings);
   const double base_lr =
       spec.train.optimizer.learning_rate * (spec.train.scale_lr == "linear" ? plan.num_workers : 1);
   if (spec.train.scale_lr == "linear") {
@@ -403,11 +467,11 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   dist::broadcast_parameters(group, replica_state(stepper.net()));
   stepper.connect(group);
   ChiefWrites chief(spec, ctx, stepper);
-  MetricsLog metrics(ctx.job_dir.metrics_file(), ctx.resume ? pos.global_step : 0);
+  EpochMeter meter(plan, group.world_size() > 1,
+                   MetricsLog(ctx.job_dir.metrics_file(), ctx.resume ? pos.global_step : 0),
+                   Progress(util::stderr_is_tty(), spec.logging.every_steps));
 
-  // 4. The loop.
-  Progress progress(util::stderr_is_tty(), spec.logging.every_steps);
-  EpochMeter meter(plan, distributed);
+  // 4. The loop: steps, then per epoch validation and the checkpoint cadence.
   TrainSummary summary;
   summary.epochs_done = pos.epoch;
   // A resumed job may already be at train.max_steps (then only the export below runs).
@@ -418,63 +482,28 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   for (; pos.epoch < spec.train.epochs && !stop; ++pos.epoch, pos.batch_in_epoch = 0) {
     set_train_mode(stepper.net(), spec.model);
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
-    progress.start_epoch(pos.epoch, spec.train.epochs, plan.steps_per_epoch, pos.batch_in_epoch);
-    meter.start();
-    for (;;) {
-      const auto wait_start = Clock::now();
-      std::optional<data::Batch> batch = train_loader.next();
-      if (!batch) break;
-      meter.waited_for_data(Clock::now() - wait_start);
+    meter.start_epoch(pos, spec.train.epochs, plan.steps_per_epoch);
+    while (auto batch = meter.next_batch(train_loader)) {
       const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, pos.global_step, shape);
       const StepResult r = stepper.step(*batch, lr);
-      ++pos.global_step;
-      pos.batch_in_epoch = batch->index + 1;
-      metrics.write(pos.global_step, pos.epoch + 1, meter.end_step(r, lr, stepper.sync_stats()));
-      progress.step(batch->index + 1, r.loss, r.accuracy, lr, meter.images_per_sec_ema());
-      if (stepper.stop_everywhere()) {  // every replica stops at the same step
-        progress.end_epoch();
-        chief.checkpoint(pos);
-        throw Interrupted(fmt::format(
-            "stopped by a signal at step {}; the newest checkpoint holds this position: start the "
-            "same command again to resume",
-            pos.global_step));
-      }
+      pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
+      meter.end_step(pos, r, lr, stepper.sync_stats());
+      if (stepper.stop_everywhere()) stop_on_signal(meter, chief, pos);  // every replica alike
       if ((stop = at_max_steps())) break;
     }
-    progress.end_epoch();
-    if (train_loader.skipped_total() > 0) {
-      spdlog::warn("{} corrupt training images skipped so far (data.on_corrupt: skip)",
-                   train_loader.skipped_total());
-    }
-    if (spec.data.cache == "memory") {
-      spdlog::info("data.cache: memory holds {} of {} training images, {:.1f} MiB",
-                   train_loader.cached_examples(), train_loader.num_examples(),
-                   static_cast<double>(train_loader.cached_bytes()) / (1024.0 * 1024.0));
-    }
-
-    const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
     std::string line;
-    std::map<std::string, double> epoch_metrics = meter.end_epoch(&line);
+    std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);
+    const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
     if (val_loader && (epoch_finished || stop)) {
       const EvalCounts val =
           evaluate_distributed(group, stepper.net(), *val_loader, plan.num_classes, ctx.settings);
       set_train_mode(stepper.net(), spec.model);
-      epoch_metrics["val_loss"] = val.loss();
-      epoch_metrics["val_accuracy"] = val.accuracy();
       summary.val_accuracy = val.accuracy();
-      line += fmt::format("; validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
-                          val.accuracy(), val.num_examples);
+      add_validation(val, &epoch_metrics, &line);
     }
     spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
-    metrics.write(pos.global_step, pos.epoch + 1, epoch_metrics);
-
-    if (epoch_finished) {
-      const TrainPosition next{pos.epoch + 1, 0, pos.global_step};
-      const bool last = next.epoch >= spec.train.epochs;
-      if (stop || last || next.epoch % spec.checkpoint.every_epochs == 0) chief.checkpoint(next);
-    } else if (stop) {
-      chief.checkpoint(pos);
-    }
+    meter.write_epoch(pos, epoch_metrics);
+    chief.checkpoint_if_due(pos, epoch_finished, stop);
     summary.epochs_done = epoch_finished ? pos.epoch + 1 : pos.epoch;
   }
   if (stop) {
