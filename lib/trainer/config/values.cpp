@@ -36,9 +36,9 @@ bool in_range(double v, const Field& f) {
 
 std::string expected_integer(const Field& f) {
   if (f.zero_name) {
-    return std::string(f.zero_name) +
-           (f.has_max ? " or an integer in [1, " + format_double(f.max) + "]"
-                      : std::string(" or a positive integer"));
+    return std::string(f.zero_name) + (f.has_max
+                                           ? " or an integer in [1, " + format_double(f.max) + "]"
+                                           : std::string(" or a positive integer"));
   }
   if (f.has_min && f.has_max) return "an integer in " + interval(f);
   if (f.has_min && !f.min_open && f.min == 1) return "a positive integer";
