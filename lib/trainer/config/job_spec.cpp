@@ -184,15 +184,24 @@ std::vector<std::pair<std::string, std::string>> flatten(const JobSpec& spec) {
   return out;
 }
 
+namespace {
+
+bool is_ignored(const std::string& field, const std::vector<std::string>& ignored_prefixes) {
+  for (const auto& p : ignored_prefixes) {
+    if (starts_with(field, p)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec& b,
                                                 const std::vector<std::string>& ignored_prefixes) {
   const auto left = flatten(a);
   const auto right = flatten(b);  // same table, so the same fields in the same order
   for (size_t i = 0; i < left.size(); ++i) {
     const std::string& field = left[i].first;
-    bool ignored = false;
-    for (const auto& p : ignored_prefixes) ignored = ignored || starts_with(field, p);
-    if (!ignored && left[i].second != right[i].second)
+    if (!is_ignored(field, ignored_prefixes) && left[i].second != right[i].second)
       return FieldDifference{field, left[i].second, right[i].second};
   }
   return std::nullopt;
@@ -205,10 +214,11 @@ const std::vector<std::string>& resumable_changes() {
   return kFields;
 }
 
-std::string fingerprint(const JobSpec& spec) {
-  // FNV-1a, 128 bits, over "path\0value\0" of every field.
+std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ignored_prefixes) {
+  // FNV-1a, 128 bits, over "path\0value\0" of every field not ignored.
   util::Fnv1a128 hash;
   for (const auto& [path, value] : flatten(spec)) {
+    if (is_ignored(path, ignored_prefixes)) continue;
     hash.add(path).add_byte(0);
     hash.add(value).add_byte(0);
   }

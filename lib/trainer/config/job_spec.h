@@ -175,8 +175,9 @@ std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec&
 // results: "train.threads", "data.num_workers", "data.prefetch_batches"}
 const std::vector<std::string>& resumable_changes();
 
-// Hex digest of flatten(spec) (stable across runs and machines).
-std::string fingerprint(const JobSpec& spec);
+// Hex digest of flatten(spec) (stable across runs and machines), leaving out the fields that
+// first_difference would ignore with the same prefixes.
+std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ignored_prefixes = {});
 
 // Human-readable reference of every field with its default and comment (for --help / README).
 std::string field_reference();

@@ -418,15 +418,8 @@ void add_validation(const EvalCounts& val, std::map<std::string, double>* metric
 }  // namespace
 
 std::string job_identity(const config::JobSpec& spec) {
-  config::JobSpec identity = spec;
-  // The fields of config::resumable_changes(): they may differ between runs of one job.
-  identity.train.epochs = config::TrainSpec{}.epochs;
-  identity.train.max_steps = config::TrainSpec{}.max_steps;
-  identity.train.threads = config::TrainSpec{}.threads;
-  identity.data.num_workers = config::DataSpec{}.num_workers;
-  identity.data.prefetch_batches = config::DataSpec{}.prefetch_batches;
-  identity.logging = config::LoggingSpec{};
-  return config::fingerprint(identity);
+  // The fields of config::resumable_changes() may differ between runs of one job.
+  return config::fingerprint(spec, config::resumable_changes());
 }
 
 TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {

@@ -219,6 +219,18 @@ TEST_CASE("fingerprint is stable and sensitive to every field", "[config]") {
   CHECK(fingerprint(c) != fingerprint(d));
 }
 
+TEST_CASE("fingerprint leaves out the fields it is told to ignore, and only those", "[config]") {
+  const JobSpec a = minimal();
+  JobSpec b = a;
+  b.train.threads = 7;
+  b.data.num_workers = 3;
+  b.logging.every_steps = 99;
+  CHECK(fingerprint(a) != fingerprint(b));
+  CHECK(fingerprint(a, resumable_changes()) == fingerprint(b, resumable_changes()));
+  b.train.optimizer.learning_rate = 0.5;
+  CHECK(fingerprint(a, resumable_changes()) != fingerprint(b, resumable_changes()));
+}
+
 TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]") {
   // Workers of one job compare fingerprints, possibly built on different machines. This value
   // changes only when the field table (names, order) or the canonical text changes: update it
