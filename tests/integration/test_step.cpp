@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/cpuinfo.h"
 #include "fixtures.h"
 #include "harness.h"
 
@@ -19,19 +20,6 @@ using namespace trainer::testing;
 using Catch::Matchers::Contains;
 
 namespace {
-
-bool cpuinfo_has(const std::string& flag) {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    for (std::string w; words >> w;) {
-      if (w == flag) return true;
-    }
-    return false;
-  }
-  return false;
-}
 
 // Restricts this process (and so the trainers it starts) to `n` of its CPUs while alive.
 class Affinity {
@@ -147,7 +135,8 @@ TEST_CASE("inspect shows the effective precision, layout and thread budget of th
   TempDir dir("runtime");
   make_dataset(dir.path(), "data", 4, 32);
   write_text(dir / "job.yaml", tiny_job_yaml(1));
-  const bool native = cpuinfo_has("avx512_bf16") || cpuinfo_has("amx_bf16");
+  const auto flags = trainer::test_support::proc_cpuinfo_flags();
+  const bool native = flags.count("avx512_bf16") > 0 || flags.count("amx_bf16") > 0;
   {
     Affinity one(1);
     const Result r = run_trainer(

@@ -122,9 +122,7 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
 // allocator and the CPU (inspect's `runtime`).
 nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
   const ModelSettings settings = model_settings(spec.train, /*warn_emulated_bf16=*/false);
-  const ThreadBudget budget =
-      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(),
-                   spec.data.train.format == "tfrecord", cluster.world_size > 1);
+  const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   const util::CpuFeatures cpu = util::cpu_features();
   const util::AllocatorInfo alloc = util::allocator_info();
   return {
@@ -169,9 +167,7 @@ int run_train(const TrainOptions& options) {
 
   // 2. Run-time (device, precision, threads), then meet the others at the chief.
   const ModelSettings settings = model_settings(spec.train);
-  const ThreadBudget budget =
-      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(),
-                   spec.data.train.format == "tfrecord", cluster.world_size > 1);
+  const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   apply_threads(budget);
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
   dist_opts.threads = budget.gloo;
@@ -245,8 +241,7 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
 int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   const LoadedModel loaded = load_model_dir(options.model_dir);
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, 0);
-  const ThreadBudget budget =
-      plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(), false, false);
+  const ThreadBudget budget = plan_threads(spec, 1);
   apply_threads(budget);
   const data::Listing listing = list_split(spec.data, options.split, loaded.info.class_names);
   if (listing.class_names != loaded.info.class_names) {

@@ -62,6 +62,11 @@ ThreadBudget plan_threads(int threads, int num_workers, int cores, bool records,
   return b;
 }
 
+ThreadBudget plan_threads(const config::JobSpec& spec, int world_size) {
+  return plan_threads(spec.train.threads, spec.data.num_workers, util::usable_cores(),
+                      spec.data.train.format == "tfrecord", world_size > 1);
+}
+
 int apply_threads(const ThreadBudget& budget) {
   static std::once_flag inter_op_once;
   std::call_once(inter_op_once, [&] {

@@ -39,6 +39,10 @@ struct ThreadBudget {
 
 ThreadBudget plan_threads(int threads, int num_workers, int cores, bool records, bool distributed);
 
+// plan_threads for `spec` on the cores of this process's affinity mask, in a job of
+// `world_size` training processes.
+ThreadBudget plan_threads(const config::JobSpec& spec, int world_size);
+
 // Sets LibTorch's intra-op threads and, once per process, its inter-op threads; returns the
 // intra-op count in force.
 int apply_threads(const ThreadBudget& budget);

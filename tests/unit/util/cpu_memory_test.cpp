@@ -9,32 +9,14 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <set>
-#include <sstream>
 #include <string>
 
+#include "common/cpuinfo.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/memory.h"
 
 using namespace trainer::util;
-
-namespace {
-
-std::set<std::string> proc_cpuinfo_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::set<std::string> flags;
-    for (std::string w; words >> w;) flags.insert(w);
-    return flags;
-  }
-  return {};
-}
-
-}  // namespace
+using trainer::test_support::proc_cpuinfo_flags;
 
 TEST_CASE("cpu_features agrees with /proc/cpuinfo", "[util][cpu]") {
   const auto flags = proc_cpuinfo_flags();
