@@ -2,6 +2,7 @@
 
 #include <opencv2/core.hpp>
 
+#include <sstream>
 #include <utility>
 
 #include "trainer/data/random.h"
@@ -14,10 +15,6 @@ namespace trainer::data {
 ImagePipeline::ImagePipeline(PreprocessOptions options) : options_(std::move(options)) {
   if (options_.image_size < 1) {
     throw ConfigError("data.image_size: expected >= 1, got " + std::to_string(options_.image_size));
-  }
-  if (options_.normalize != "unit" && options_.normalize != "imagenet") {
-    throw ConfigError("data.normalize: expected one of unit|imagenet, got '" + options_.normalize +
-                      "'");
   }
   if (!(options_.crop_scale_min > 0.0 && options_.crop_scale_min <= 1.0)) {
     throw ConfigError("data.augment.crop_scale_min: expected a value in (0, 1], got " +
@@ -55,9 +52,7 @@ torch::Tensor ImagePipeline::decode(const std::string& bytes, const std::string&
   }
   if (options_.train && options_.horizontal_flip)
     image = transforms::HorizontalFlip(0.5)(image, rng);
-  torch::Tensor out = transforms::to_tensor(image);
-  transforms::normalize_(out, options_.normalize);
-  return out;
+  return transforms::to_tensor(image);
 }
 
 torch::Tensor ImagePipeline::decode_resized(const std::string& bytes,
@@ -86,9 +81,34 @@ torch::Tensor ImagePipeline::augment(const torch::Tensor& resized, uint64_t seed
   }
   if (options_.train && options_.horizontal_flip)
     image = transforms::HorizontalFlip(0.5)(image, rng);
-  torch::Tensor out = transforms::to_tensor(image);
-  transforms::normalize_(out, options_.normalize);
-  return out;
+  return transforms::to_tensor(image);
+}
+
+Normalize parse_normalize(const std::string& mode, const std::string& field) {
+  if (mode == "unit") return Normalize::kUnit;
+  if (mode == "imagenet") return Normalize::kImagenet;
+  throw ConfigError(field + ": expected one of unit|imagenet, got '" + mode + "'");
+}
+
+torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last) {
+  if (images.dim() != 4 || images.size(3) != 3 || images.scalar_type() != torch::kUInt8) {
+    std::ostringstream got;
+    got << images.sizes() << " " << images.scalar_type();
+    throw Error(ErrorKind::kInternal,
+                "normalize_images: expected a [B, S, S, 3] uint8 batch, got " + got.str());
+  }
+  const torch::Tensor nchw = images.permute({0, 3, 1, 2});
+  torch::Tensor x =
+      torch::empty(nchw.sizes(), nchw.options().dtype(torch::kFloat32),
+                   channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+  x.copy_(nchw);
+  x.div_(255.0);
+  if (mode == Normalize::kImagenet) {
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
+    x.sub_(torch::tensor({0.485f, 0.456f, 0.406f}, opts).view({1, 3, 1, 1}));
+    x.div_(torch::tensor({0.229f, 0.224f, 0.225f}, opts).view({1, 3, 1, 1}));
+  }
+  return x;
 }
 
 }  // namespace trainer::data

@@ -1,7 +1,9 @@
 // Decoding and preprocessing of one image, behind an interface with no OpenCV types (OpenCV is
 // included only by image.cpp, transforms.h/.cpp and synthetic.cpp). The pipeline is:
 // decode (OpenCV) -> [train: RandomResizedCrop | eval: Resize] -> [HorizontalFlip] ->
-// to_tensor (BGR->RGB, HWC->CHW, float, the one conversion function) -> normalize.
+// to_tensor (BGR->RGB, the one conversion function) -> [S, S, 3] uint8. Batches travel as uint8
+// (a quarter of the bytes of float32, no per-pixel float work on the decode threads) and are
+// normalised in the graph by normalize_images(), on the model's device.
 // Where the image is only resized (no RandomResizedCrop) and reduced_decode is on, a JPEG much
 // larger than image_size is decoded at 1/2, 1/4 or 1/8 scale first (libjpeg DCT scaling).
 // The cache (data.cache: memory) splits the pipeline in two: decode_resized() -> uint8 image
@@ -18,8 +20,7 @@ namespace trainer::data {
 
 struct PreprocessOptions {
   int image_size = 224;
-  std::string normalize = "imagenet";  // unit | imagenet
-  bool train = false;                  // apply the augmentations below
+  bool train = false;  // apply the augmentations below
   bool horizontal_flip = false;
   bool random_resized_crop = false;
   double crop_scale_min = 0.08;
@@ -29,8 +30,8 @@ struct PreprocessOptions {
 class ImagePipeline {
  public:
   explicit ImagePipeline(PreprocessOptions options);
-  // Decodes the file and returns a [3, S, S] float tensor. Throws DataError naming the path when
-  // the file is missing, unreadable or not a decodable image (a truncated JPEG included).
+  // Decodes the file and returns a [S, S, 3] uint8 RGB tensor. Throws DataError naming the path
+  // when the file is missing, unreadable or not a decodable image (a truncated JPEG included).
   torch::Tensor load(const std::string& path, uint64_t seed) const;
   // Same from encoded bytes already in memory (origin names them in errors).
   torch::Tensor decode(const std::string& bytes, const std::string& origin, uint64_t seed) const;
@@ -38,7 +39,7 @@ class ImagePipeline {
   // as a [S, S, 3] uint8 BGR tensor. Throws DataError naming `origin`.
   torch::Tensor decode_resized(const std::string& bytes, const std::string& origin) const;
   // The rest for a decode_resized() result: [train: RandomResizedCrop of it, resized back] ->
-  // [HorizontalFlip] -> to_tensor -> normalize. Without RandomResizedCrop the result equals
+  // [HorizontalFlip] -> to_tensor. Without RandomResizedCrop the result equals
   // decode(bytes, origin, seed).
   torch::Tensor augment(const torch::Tensor& resized, uint64_t seed) const;
   const PreprocessOptions& options() const { return options_; }
@@ -46,5 +47,18 @@ class ImagePipeline {
  private:
   PreprocessOptions options_;
 };
+
+// The normalisations data.normalize names.
+enum class Normalize { kUnit, kImagenet };
+// "unit" | "imagenet"; anything else is a ConfigError naming `field`.
+Normalize parse_normalize(const std::string& mode, const std::string& field = "data.normalize");
+
+// The model's input from a batch of pipeline images: [B, S, S, 3] uint8 RGB on any device ->
+// [B, 3, S, S] float32 on the same device, "unit" = x / 255, "imagenet" = (x / 255 - mean) / std
+// with torchvision's mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225), computed in
+// float32 in that order (the same values the per-pixel loop gave). channels_last: the result
+// is in ChannelsLast memory format (no transpose at all: the uint8 batch is already NHWC),
+// else contiguous NCHW.
+torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last);
 
 }  // namespace trainer::data

@@ -441,7 +441,7 @@ std::optional<Batch> Loader::next() {
   }
   const int64_t size = s.options.preprocess.image_size;
   batch.images =
-      images.empty() ? torch::empty({0, 3, size, size}, torch::kFloat32) : torch::stack(images);
+      images.empty() ? torch::empty({0, size, size, 3}, torch::kUInt8) : torch::stack(images);
   batch.labels = torch::empty({static_cast<int64_t>(labels.size())}, torch::kInt64);
   std::copy(labels.begin(), labels.end(), batch.labels.data_ptr<int64_t>());
   return batch;

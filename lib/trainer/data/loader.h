@@ -56,7 +56,7 @@ struct LoaderOptions {
 };
 
 struct Batch {
-  torch::Tensor images;          // [B, 3, S, S] float32
+  torch::Tensor images;          // [B, S, S, 3] uint8 RGB (train::prepare_input normalises)
   torch::Tensor labels;          // [B] int64
   std::vector<int64_t> indices;  // positions in the examples vector, in batch order
   int64_t index = 0;             // batch number within the epoch

@@ -223,45 +223,11 @@ torch::Tensor to_tensor(const cv::Mat& bgr) {
   if (bgr.empty() || bgr.type() != CV_8UC3) {
     internal("to_tensor: expected a non-empty 8-bit 3-channel BGR image");
   }
-  const int64_t rows = bgr.rows;
-  const int64_t cols = bgr.cols;
-  torch::Tensor out = torch::empty({3, rows, cols}, torch::kFloat32);
-  float* r = out.data_ptr<float>();
-  float* g = r + rows * cols;
-  float* b = g + rows * cols;
-  for (int64_t y = 0; y < rows; ++y) {
-    const unsigned char* px = bgr.ptr<unsigned char>(static_cast<int>(y));
-    const int64_t base = y * cols;
-    for (int64_t x = 0; x < cols; ++x) {
-      b[base + x] = static_cast<float>(px[3 * x + 0]);
-      g[base + x] = static_cast<float>(px[3 * x + 1]);
-      r[base + x] = static_cast<float>(px[3 * x + 2]);
-    }
-  }
+  torch::Tensor out = torch::empty({bgr.rows, bgr.cols, 3}, torch::kUInt8);
+  cv::Mat rgb(bgr.rows, bgr.cols, CV_8UC3, out.data_ptr<uint8_t>());
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  if (rgb.data != out.data_ptr<uint8_t>()) internal("to_tensor: OpenCV reallocated the output");
   return out;
-}
-
-void normalize_(torch::Tensor& chw, const std::string& mode) {
-  if (chw.dim() != 3 || chw.size(0) != 3 || chw.scalar_type() != torch::kFloat32 ||
-      !chw.is_contiguous()) {
-    internal("normalize_: expected a contiguous [3, H, W] float32 tensor");
-  }
-  static constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};
-  static constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
-  const bool imagenet = mode == "imagenet";
-  if (!imagenet && mode != "unit") {
-    throw ConfigError("data.normalize: expected one of unit|imagenet, got '" + mode + "'");
-  }
-  const int64_t plane = chw.size(1) * chw.size(2);
-  float* data = chw.data_ptr<float>();
-  for (int c = 0; c < 3; ++c) {
-    float* p = data + c * plane;
-    if (imagenet) {
-      for (int64_t k = 0; k < plane; ++k) p[k] = (p[k] / 255.0f - kMean[c]) / kStd[c];
-    } else {
-      for (int64_t k = 0; k < plane; ++k) p[k] = p[k] / 255.0f;
-    }
-  }
 }
 
 }  // namespace trainer::data::transforms

@@ -1,7 +1,8 @@
 // OpenCV-side image transforms (internal to data/: include only from image.cpp, synthetic.cpp
 // and tests, never from a public header). Small functors in torchvision's style: each validates
 // its input and takes its randomness from an explicit engine. to_tensor() is the one function
-// that turns a cv::Mat into a tensor (BGR->RGB, HWC->CHW, uint8->float32 in [0,255]).
+// that turns a cv::Mat into a tensor (BGR->RGB, still HWC uint8: normalisation happens on the
+// batch, in the graph; see data::normalize_images).
 // Stateless apart from the engine passed in; thread-safe.
 #pragma once
 
@@ -72,12 +73,8 @@ struct HorizontalFlip {
   double p;
 };
 
-// The one cv::Mat -> tensor conversion: 8-bit 3-channel BGR HxW -> [3, H, W] float32 RGB with
-// values in [0, 255], contiguous. Runs on the calling thread (no intra-op pool).
+// The one cv::Mat -> tensor conversion: 8-bit 3-channel BGR HxW -> [H, W, 3] uint8 RGB,
+// contiguous. Runs on the calling thread (no intra-op pool).
 torch::Tensor to_tensor(const cv::Mat& bgr);
-
-// In place on a [3, H, W] float32 tensor from to_tensor: "unit" = x / 255; "imagenet" =
-// (x / 255 - mean) / std with torchvision's mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225).
-void normalize_(torch::Tensor& chw, const std::string& mode);
 
 }  // namespace trainer::data::transforms

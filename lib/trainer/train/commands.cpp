@@ -121,7 +121,7 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
 // What train would run on here: device, effective precision and layout, the thread budget, the
 // allocator and the CPU (inspect's `runtime`).
 nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
-  const ModelSettings settings = model_settings(spec.train, /*warn_emulated_bf16=*/false);
+  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/false);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   const util::CpuFeatures cpu = util::cpu_features();
   const util::AllocatorInfo alloc = util::allocator_info();
@@ -166,7 +166,7 @@ int run_train(const TrainOptions& options) {
                cluster::task_name(cluster, cluster.rank), cluster.rank, cluster.world_size);
 
   // 2. Run-time (device, precision, threads), then meet the others at the chief.
-  const ModelSettings settings = model_settings(spec.train);
+  const ModelSettings settings = model_settings(spec);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   apply_threads(budget);
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
@@ -251,7 +251,6 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   }
   config::DataSpec data = spec.data;
   data.image_size = loaded.info.image_size;  // preprocess exactly as the model was trained
-  data.normalize = loaded.info.normalize;
   data.reduced_decode = loaded.info.reduced_decode;
   data.cache = "none";  // one pass
   data.num_workers = budget.decode;
@@ -262,6 +261,7 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   settings.device = resolve_device(spec.train.device);
   settings.bf16 = loaded.info.precision == "bf16";
   settings.channels_last = loaded.info.channels_last;
+  settings.normalize = data::parse_normalize(loaded.info.normalize, "model.json normalize");
   model::ResNet net = loaded.net;
   place_model(net, settings);
   const EvalCounts counts = evaluate(net, loader, loaded.info.num_classes, settings);
@@ -278,13 +278,13 @@ int run_predict(const PredictOptions& options, std::ostream& out) {
   configure_threads(options.threads);
   data::PreprocessOptions pre;
   pre.image_size = loaded.info.image_size;
-  pre.normalize = loaded.info.normalize;
   pre.reduced_decode = loaded.info.reduced_decode;
   const data::ImagePipeline pipeline(pre);
 
   ModelSettings settings;
   settings.bf16 = loaded.info.precision == "bf16";
   settings.channels_last = loaded.info.channels_last;
+  settings.normalize = data::parse_normalize(loaded.info.normalize, "model.json normalize");
   model::ResNet net = loaded.net;
   place_model(net, settings);
   net->eval();

@@ -82,7 +82,6 @@ namespace {
 data::LoaderOptions base_options(const config::DataSpec& data, const config::TrainSpec& train) {
   data::LoaderOptions o;
   o.preprocess.image_size = data.image_size;
-  o.preprocess.normalize = data.normalize;
   o.preprocess.train = true;
   o.preprocess.horizontal_flip = data.augment.horizontal_flip;
   o.preprocess.random_resized_crop = data.augment.random_resized_crop;

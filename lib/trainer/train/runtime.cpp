@@ -104,8 +104,10 @@ std::pair<double, double> measure_bf16_cost() {
   return {time(torch::kBFloat16), time(torch::kFloat)};
 }
 
-ModelSettings model_settings(const config::TrainSpec& train, bool warn_emulated_bf16) {
+ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16) {
+  const config::TrainSpec& train = spec.train;
   ModelSettings s;
+  s.normalize = data::parse_normalize(spec.data.normalize);
   s.device = resolve_device(train.device);
   s.bf16 = effective_precision(train.precision, s.device) == "bf16";
   s.channels_last = train.channels_last;
@@ -148,8 +150,8 @@ model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, in
 }
 
 torch::Tensor prepare_input(const torch::Tensor& images, const ModelSettings& settings) {
-  torch::Tensor x = images.to(settings.device, /*non_blocking=*/true);
-  return settings.channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+  return data::normalize_images(images.to(settings.device, /*non_blocking=*/true),
+                                settings.normalize, settings.channels_last);
 }
 
 torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trainer/config/job_spec.h"
+#include "trainer/data/image.h"
 #include "trainer/model/resnet.h"
 
 namespace trainer::train {
@@ -59,15 +60,19 @@ std::string effective_precision(const std::string& precision, const torch::Devic
 // CPU, for the warning that bf16 is emulated here.
 std::pair<double, double> measure_bf16_cost();
 
+// How the model runs and what its input is: device, precision, layout, and how the uint8 pixels
+// of a batch become the float input (data.normalize).
 struct ModelSettings {
   torch::Device device = torch::kCPU;
   bool channels_last = false;
   bool bf16 = false;
+  data::Normalize normalize = data::Normalize::kImagenet;
 };
 
-// The device, effective precision and layout of train. When bf16 is requested explicitly on a
-// CPU that only emulates it, logs a warning with the measured cost (warn_emulated_bf16).
-ModelSettings model_settings(const config::TrainSpec& train, bool warn_emulated_bf16 = true);
+// The device, effective precision and layout of spec.train, the normalisation of spec.data.
+// When bf16 is requested explicitly on a CPU that only emulates it, logs a warning with the
+// measured cost (warn_emulated_bf16).
+ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16 = true);
 
 // Moves the model to the device (and channels_last memory format when asked).
 void place_model(model::ResNet& net, const ModelSettings& settings);
@@ -76,7 +81,8 @@ void place_model(model::ResNet& net, const ModelSettings& settings);
 // (classifier may differ in shape: freshly initialised, logged), applies freeze_backbone.
 model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed);
 
-// Moves a batch of images to the model's device and memory format.
+// The model's input from a loader batch ([B, S, S, 3] uint8): moved to the model's device as
+// uint8, then normalised there into float32 in the model's memory format (normalize_images).
 torch::Tensor prepare_input(const torch::Tensor& images, const ModelSettings& settings);
 
 // Forward pass under bf16 autocast when settings.bf16; returns float32 logits.

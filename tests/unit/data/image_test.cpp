@@ -16,10 +16,9 @@ using testing::TempDir;
 
 namespace {
 
-PreprocessOptions eval_options(int size, const std::string& normalize) {
+PreprocessOptions eval_options(int size) {
   PreprocessOptions o;
   o.image_size = size;
-  o.normalize = normalize;
   return o;
 }
 
@@ -34,60 +33,76 @@ std::string data_error(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("to_tensor converts BGR HWC uint8 to RGB CHW float in [0, 255]", "[data][image]") {
+TEST_CASE("to_tensor converts BGR HWC uint8 to RGB HWC uint8", "[data][image]") {
   cv::Mat m(2, 3, CV_8UC3);
   for (int y = 0; y < 2; ++y) {
     for (int x = 0; x < 3; ++x) m.at<cv::Vec3b>(y, x) = cv::Vec3b(x, 10 * y, 100 + x + y);
   }
   const torch::Tensor t = transforms::to_tensor(m);
-  REQUIRE(t.sizes() == torch::IntArrayRef({3, 2, 3}));
-  CHECK(t.scalar_type() == torch::kFloat32);
+  REQUIRE(t.sizes() == torch::IntArrayRef({2, 3, 3}));
+  CHECK(t.scalar_type() == torch::kUInt8);
   CHECK(t.is_contiguous());
-  CHECK(t[0][1][2].item<float>() == 103.0f);  // R = the third BGR byte
-  CHECK(t[1][1][2].item<float>() == 10.0f);   // G
-  CHECK(t[2][1][2].item<float>() == 2.0f);    // B
+  CHECK(t[1][2][0].item<int>() == 103);  // R = the third BGR byte
+  CHECK(t[1][2][1].item<int>() == 10);   // G
+  CHECK(t[1][2][2].item<int>() == 2);    // B
 }
 
-TEST_CASE("normalisation of a pure colour: unit and imagenet, RGB order", "[data][image]") {
+TEST_CASE("normalisation of a pure colour in the graph: unit and imagenet, RGB order, layouts",
+          "[data][image]") {
   TempDir tmp;
   // BGR (10, 100, 200): R = 200, G = 100, B = 10. PNG keeps the values exact.
   const cv::Mat colour(20, 30, CV_8UC3, cv::Scalar(10, 100, 200));
   testing::write_text(tmp / "c.png", testing::encode(colour, ".png"));
-  const float rgb[3] = {200.0f, 100.0f, 10.0f};
+  const int rgb[3] = {200, 100, 10};
 
-  const torch::Tensor unit =
-      ImagePipeline(eval_options(8, "unit")).load((tmp / "c.png").string(), 0);
-  REQUIRE(unit.sizes() == torch::IntArrayRef({3, 8, 8}));
+  const torch::Tensor pixels = ImagePipeline(eval_options(8)).load((tmp / "c.png").string(), 0);
+  REQUIRE(pixels.sizes() == torch::IntArrayRef({8, 8, 3}));
+  CHECK(pixels.scalar_type() == torch::kUInt8);
+  for (int c = 0; c < 3; ++c) {
+    CHECK(pixels.select(2, c).min().item<int>() == rgb[c]);
+    CHECK(pixels.select(2, c).max().item<int>() == rgb[c]);
+  }
+  const torch::Tensor batch = torch::stack({pixels, pixels});
+
+  const torch::Tensor unit = normalize_images(batch, Normalize::kUnit, /*channels_last=*/false);
+  REQUIRE(unit.sizes() == torch::IntArrayRef({2, 3, 8, 8}));
   CHECK(unit.scalar_type() == torch::kFloat32);
   CHECK(unit.is_contiguous());
   for (int c = 0; c < 3; ++c) {
-    CHECK(unit[c].min().item<float>() == Approx(rgb[c] / 255.0f).epsilon(1e-6));
-    CHECK(unit[c].max().item<float>() == Approx(rgb[c] / 255.0f).epsilon(1e-6));
+    // Bit for bit what the per-pixel float loop computed: x / 255.0f.
+    CHECK(unit[1][c].min().item<float>() == static_cast<float>(rgb[c]) / 255.0f);
+    CHECK(unit[1][c].max().item<float>() == static_cast<float>(rgb[c]) / 255.0f);
   }
 
   const float mean[3] = {0.485f, 0.456f, 0.406f};
   const float std[3] = {0.229f, 0.224f, 0.225f};
-  const torch::Tensor in =
-      ImagePipeline(eval_options(8, "imagenet")).load((tmp / "c.png").string(), 0);
+  const torch::Tensor in = normalize_images(batch, Normalize::kImagenet, /*channels_last=*/false);
   for (int c = 0; c < 3; ++c) {
-    const float expected = (rgb[c] / 255.0f - mean[c]) / std[c];
-    CHECK(in[c].min().item<float>() == Approx(expected).epsilon(1e-5));
-    CHECK(in[c].max().item<float>() == Approx(expected).epsilon(1e-5));
+    const float expected = (static_cast<float>(rgb[c]) / 255.0f - mean[c]) / std[c];
+    CHECK(in[0][c].min().item<float>() == expected);
+    CHECK(in[0][c].max().item<float>() == expected);
   }
-  CHECK_THROWS_AS(ImagePipeline(eval_options(8, "zscore")), ConfigError);
+  // channels_last: the same values, in ChannelsLast memory format.
+  const torch::Tensor cl = normalize_images(batch, Normalize::kImagenet, /*channels_last=*/true);
+  CHECK(cl.is_contiguous(at::MemoryFormat::ChannelsLast));
+  CHECK_FALSE(cl.is_contiguous());
+  CHECK(torch::equal(cl, in));
+
+  CHECK(parse_normalize("unit") == Normalize::kUnit);
+  CHECK(parse_normalize("imagenet") == Normalize::kImagenet);
+  CHECK_THROWS_WITH(parse_normalize("zscore"), Contains("data.normalize") && Contains("zscore"));
+  CHECK_THROWS_AS(normalize_images(in, Normalize::kUnit, false), Error);  // float, not uint8
 }
 
 TEST_CASE("eval Resize gives S x S and decode() equals load()", "[data][image]") {
   TempDir tmp;
   const cv::Mat img = testing::pattern_image(40, 24, 3);
   testing::write_jpeg(tmp / "p.jpg", img);
-  ImagePipeline pipe(eval_options(16, "unit"));
+  ImagePipeline pipe(eval_options(16));
   const torch::Tensor a = pipe.load((tmp / "p.jpg").string(), 1);
   const torch::Tensor b = pipe.decode(testing::read_bytes(tmp / "p.jpg"), "p.jpg", 2);
-  CHECK(a.sizes() == torch::IntArrayRef({3, 16, 16}));
+  CHECK(a.sizes() == torch::IntArrayRef({16, 16, 3}));
   CHECK(torch::equal(a, b));  // eval: no randomness
-  CHECK(a.min().item<float>() >= 0.0f);
-  CHECK(a.max().item<float>() <= 1.0f);
 
   // Resize matches cv::resize INTER_LINEAR exactly.
   cv::Mat decoded = cv::imread((tmp / "p.jpg").string(), cv::IMREAD_COLOR);
@@ -101,7 +116,7 @@ TEST_CASE("truncated, corrupt, empty and missing files are DataErrors naming the
           "[data][image]") {
   TempDir tmp;
   const std::string jpeg = testing::encode(testing::pattern_image(64, 48, 1), ".jpg");
-  ImagePipeline pipe(eval_options(16, "unit"));
+  ImagePipeline pipe(eval_options(16));
 
   const fs::path truncated = tmp / "truncated.jpg";
   testing::write_text(truncated, jpeg.substr(0, jpeg.size() / 2));
@@ -178,7 +193,7 @@ TEST_CASE("HorizontalFlip flips with probability p", "[data][image]") {
 TEST_CASE("train pipeline: shape, determinism per seed, variety across seeds", "[data][image]") {
   TempDir tmp;
   testing::write_jpeg(tmp / "a.jpg", testing::pattern_image(70, 50, 5));
-  PreprocessOptions o = eval_options(24, "imagenet");
+  PreprocessOptions o = eval_options(24);
   o.train = true;
   o.random_resized_crop = true;
   o.horizontal_flip = true;
@@ -186,7 +201,7 @@ TEST_CASE("train pipeline: shape, determinism per seed, variety across seeds", "
   const ImagePipeline pipe(o);
   const std::string path = (tmp / "a.jpg").string();
   const torch::Tensor a = pipe.load(path, 42);
-  CHECK(a.sizes() == torch::IntArrayRef({3, 24, 24}));
+  CHECK(a.sizes() == torch::IntArrayRef({24, 24, 3}));
   CHECK(a.is_contiguous());
   CHECK(torch::equal(a, pipe.load(path, 42)));
   int different = 0;

@@ -42,7 +42,6 @@ double examples_per_second(const Listing& listing, int threads, bool reduced, bo
                            int warm) {
   LoaderOptions o;
   o.preprocess.image_size = 300;
-  o.preprocess.normalize = "unit";
   o.preprocess.train = true;
   o.preprocess.horizontal_flip = true;
   o.preprocess.reduced_decode = reduced;

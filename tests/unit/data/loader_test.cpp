@@ -35,7 +35,6 @@ std::vector<Example> make_examples(const TempDir& tmp, int n) {
 LoaderOptions options(int64_t batch, int workers, bool augment) {
   LoaderOptions o;
   o.preprocess.image_size = 16;
-  o.preprocess.normalize = "imagenet";
   o.preprocess.train = augment;
   o.preprocess.random_resized_crop = augment;
   o.preprocess.horizontal_flip = augment;
@@ -89,8 +88,8 @@ TEST_CASE("loader: every example exactly once per epoch, in batches of the right
     const int64_t rows = b < 4 ? 5 : 3;
     CHECK(batch.index == static_cast<int64_t>(b));
     CHECK(batch.skipped == 0);
-    REQUIRE(batch.images.sizes() == torch::IntArrayRef({rows, 3, 16, 16}));
-    CHECK(batch.images.scalar_type() == torch::kFloat32);
+    REQUIRE(batch.images.sizes() == torch::IntArrayRef({rows, 16, 16, 3}));
+    CHECK(batch.images.scalar_type() == torch::kUInt8);
     REQUIRE(batch.labels.sizes() == torch::IntArrayRef({rows}));
     CHECK(batch.labels.scalar_type() == torch::kInt64);
     REQUIRE(static_cast<int64_t>(batch.indices.size()) == rows);
@@ -249,7 +248,7 @@ TEST_CASE("loader: skip mode drops, counts and remembers corrupt images", "[data
     Loader l(examples, one);
     l.start_epoch(0, 5);
     const Batch b = *l.next();
-    CHECK(b.images.sizes() == torch::IntArrayRef({0, 3, 16, 16}));
+    CHECK(b.images.sizes() == torch::IntArrayRef({0, 16, 16, 3}));
     CHECK(b.labels.size(0) == 0);
     CHECK(b.skipped == 1);
     CHECK(l.next()->images.size(0) == 1);

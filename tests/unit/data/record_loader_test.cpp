@@ -51,7 +51,6 @@ Listing make_records(const TempDir& tmp, int files, int per_file,
 LoaderOptions record_options(const Listing& listing, int64_t batch, int workers) {
   LoaderOptions o;
   o.preprocess.image_size = 16;
-  o.preprocess.normalize = "unit";
   o.preprocess.train = true;
   o.preprocess.horizontal_flip = true;
   o.batch_size = batch;
@@ -235,14 +234,14 @@ TEST_CASE("reduced-scale JPEG decoding: the factor from the header, close to a f
 
   PreprocessOptions full;
   full.image_size = 64;
-  full.normalize = "unit";
   full.reduced_decode = false;
   PreprocessOptions reduced = full;
   reduced.reduced_decode = true;
   const torch::Tensor a = ImagePipeline(full).decode(jpeg, "x", 0);
   const torch::Tensor b = ImagePipeline(reduced).decode(jpeg, "x", 0);
   CHECK(a.sizes() == b.sizes());
-  CHECK((a - b).abs().mean().item<double>() < 0.1);  // the same picture, smoothed differently
+  // The same picture, smoothed differently: within 10% of full scale on average.
+  CHECK((a.to(torch::kFloat) - b.to(torch::kFloat)).abs().mean().item<double>() < 25.5);
   // decode_resized + augment is decode, when nothing is cropped.
   const ImagePipeline p(reduced);
   CHECK(torch::equal(p.augment(p.decode_resized(jpeg, "x"), 0), b));

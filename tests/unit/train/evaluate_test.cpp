@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "train_test_util.h"
+#include "trainer/data/image.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/source.h"
 #include "trainer/data/synthetic.h"
@@ -83,7 +84,6 @@ TEST_CASE("evaluate counts every example of the loader and restores the model's 
 
   trainer::data::LoaderOptions options;
   options.preprocess.image_size = 32;
-  options.preprocess.normalize = "unit";
   options.batch_size = 4;  // a full batch and a partial one
   options.num_workers = 1;
 
@@ -117,7 +117,8 @@ TEST_CASE("evaluate counts every example of the loader and restores the model's 
     double loss_sum = 0;
     std::vector<std::vector<int64_t>> confusion(3, std::vector<int64_t>(3, 0));
     while (auto batch = again.next()) {
-      const torch::Tensor logits = net->forward(batch->images);
+      const torch::Tensor logits = net->forward(trainer::data::normalize_images(
+          batch->images, trainer::data::Normalize::kImagenet, /*channels_last=*/false));
       loss_sum += torch::nn::functional::cross_entropy(
                       logits, batch->labels,
                       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
