@@ -189,14 +189,9 @@ int main(int argc, char** argv) {
   trainer::util::configure_allocator();  // before any large allocation
   try {
     return run(argc, argv);
-  } catch (const trainer::Error& e) {
-    spdlog::error("{}", e.what());
-    return trainer::exit_code(e.kind());
-  } catch (const c10::Error& e) {
-    spdlog::error("internal error in LibTorch: {}", e.what_without_backtrace());
-    return trainer::exit_code(trainer::ErrorKind::kInternal);
-  } catch (const std::exception& e) {
-    spdlog::error("internal error: {}", e.what());
-    return trainer::exit_code(trainer::ErrorKind::kInternal);
+  } catch (...) {
+    const trainer::ErrorSummary failure = trainer::describe_exception(std::current_exception());
+    spdlog::error("{}", failure.message);
+    return trainer::exit_code(failure.kind);
   }
 }

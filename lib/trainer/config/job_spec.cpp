@@ -207,11 +207,14 @@ std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec&
   return std::nullopt;
 }
 
-const std::vector<std::string>& resumable_changes() {
-  static const std::vector<std::string> kFields = {"train.epochs",     "train.max_steps",
-                                                   "logging.",         "train.threads",
-                                                   "data.num_workers", "data.prefetch_batches"};
-  return kFields;
+std::vector<std::string> resumable_changes(const JobSpec& spec) {
+  std::vector<std::string> fields = {
+      "train.epochs",          "train.max_steps",       "logging.",
+      "checkpoint.",           "train.threads",         "data.num_workers",
+      "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
+      "distributed.interface"};
+  if (!spec.data.augment.random_resized_crop) fields.push_back("data.cache");
+  return fields;
 }
 
 std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ignored_prefixes) {

@@ -170,10 +170,15 @@ struct FieldDifference {
 std::optional<FieldDifference> first_difference(const JobSpec& a, const JobSpec& b,
                                                 const std::vector<std::string>& ignored_prefixes);
 
-// The fields that may change between runs of the same job (resume still applies).
-// {"train.epochs", "train.max_steps", "logging.", and the fields that change only speed, never
-// results: "train.threads", "data.num_workers", "data.prefetch_batches"}
-const std::vector<std::string>& resumable_changes();
+// The fields that may change between runs of the same job (resume still applies): how long it
+// runs ("train.epochs", "train.max_steps"), what it logs and how often it saves ("logging.",
+// "checkpoint."), and what changes only speed or robustness, never a bit of the results
+// ("train.threads", "data.num_workers", "data.prefetch_batches", "distributed.timeout_s",
+// "distributed.rendezvous_timeout_s", "distributed.interface", and "data.cache" unless
+// `spec` crops at random: a cached image is cropped after the resize, so the cache then changes
+// the pixels). Not listed because they change bits: distributed.backend and bucket_mb (the order
+// of the sums with 3 or more workers), data.reduced_decode, train.device, train.precision.
+std::vector<std::string> resumable_changes(const JobSpec& spec);
 
 // Hex digest of flatten(spec) (stable across runs and machines), leaving out the fields that
 // first_difference would ignore with the same prefixes.

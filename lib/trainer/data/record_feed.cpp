@@ -1,6 +1,7 @@
 #include "trainer/data/record_feed.h"
 
 #include <condition_variable>
+#include <exception>
 #include <list>
 #include <map>
 #include <mutex>
@@ -25,6 +26,7 @@ struct RecordFeed::Impl {
   std::vector<int64_t> order;  // the current generation's read order
   std::unordered_map<int64_t, Item> ready;
   int waiting_for_unread = 0;  // takers waiting for a record not yet read
+  std::exception_ptr failure;  // what ended the reader thread (not a record's DataError), if any
   std::thread thread;
 
   // Reader-thread state (touched by the reader only).
@@ -101,7 +103,19 @@ struct RecordFeed::Impl {
     return item;
   }
 
+  // The reader thread: every exception (std::bad_alloc, a filesystem error, a bug) is kept for
+  // the takers to rethrow, never let out of the thread (that would be std::terminate).
   void run() {
+    try {
+      read_loop();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      failure = std::current_exception();
+    }
+    taker_cv.notify_all();
+  }
+
+  void read_loop() {
     std::unique_lock<std::mutex> lock(mu);
     uint64_t gen = 0;
     size_t pos = 0;
@@ -164,6 +178,10 @@ std::optional<RecordFeed::Item> RecordFeed::take(int64_t index, uint64_t generat
   bool counted = false;
   for (;;) {
     if (s.stop || s.generation != generation) break;
+    if (s.failure) {
+      if (counted) --s.waiting_for_unread;
+      std::rethrow_exception(s.failure);
+    }
     auto it = s.ready.find(index);
     if (it != s.ready.end()) {
       Item item = std::move(it->second);

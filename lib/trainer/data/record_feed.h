@@ -6,7 +6,8 @@
 // record not yet read (so a shuffle buffer larger than the capacity cannot deadlock it). A record
 // that cannot be read (CRC mismatch, truncated file, the file changed since it was counted) comes
 // back with `error` set; after an unrecoverable error in a file, every later record of that file
-// does too. Thread-safe: start() from the loader's consumer thread, take() from any decode thread.
+// does too. Anything else that goes wrong in the reader thread (std::bad_alloc, an I/O error
+// opening a file) ends it, and every take() from then on rethrows that exception. Thread-safe: start() from the loader's consumer thread, take() from any decode thread.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,7 @@ class RecordFeed {
 
   // Blocks until example `index` of generation `generation` has been read and returns it (each
   // index once); nullopt when that generation was abandoned or the feed is shutting down.
+  // Rethrows what ended the reader thread, if something did.
   std::optional<Item> take(int64_t index, uint64_t generation);
 
  private:

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<compat::Backend> cpu;   // Gloo: CPU tensors and every small collective
   c10::intrusive_ptr<compat::Backend> cuda;  // NCCL for CUDA tensors; null = Gloo carries them
 
-  std::mutex mutex;     // serialises launches: c10d numbers collectives by call order
-  std::string failure;  // the first failure; once set, every call is refused
+  std::mutex mutex;        // serialises launches: c10d numbers collectives by call order
+  std::mutex store_mutex;  // serialises the failure reports' use of `store`
+  std::string failure;     // the first failure; once set, every call is refused
   std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
 
   explicit Impl(const DistOptions& o);
@@ -52,6 +54,9 @@ struct ProcessGroup::Impl {
   [[noreturn]] static void raise(const std::string& message);
   [[noreturn]] void fail(const std::string& what, const std::exception& e);  // no lock held
   void check_usable_locked(const std::string& what) const;
+  // The failure another rank published (leave_after_failure), as the PeerFailed to throw here;
+  // nullopt when none was published or the store cannot be reached. Never throws.
+  std::optional<PeerFailed> peer_failure();
 
   // Starts a collective: f() returns the c10d work. Refused once the group has failed.
   template <class Launch>

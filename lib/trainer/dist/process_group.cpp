@@ -8,6 +8,9 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "trainer/dist/group_impl.h"
 #include "trainer/util/error.h"
@@ -58,6 +61,15 @@ using std::chrono::milliseconds;
 constexpr int64_t kChunkBytes = int64_t{64} << 20;  // flat buffers of all_reduce_sum/broadcast
 constexpr milliseconds kWaitSlice{200};             // how often a waiting rank checks signals
 constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, then give up
+constexpr milliseconds kPeerPoll{1000};  // how often a waiting rank looks for a peer's failure
+
+// Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
+const char* const kFailedKey = "trainer/failed";  // the rank of the newest report
+std::string failure_key(int rank) { return "trainer/failure/" + std::to_string(rank); }
+std::string left_key(int rank) { return "trainer/left/" + std::to_string(rank); }
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 bool contains_any(const std::string& text, std::initializer_list<const char*> needles) {
   std::string lower = text;
@@ -194,7 +206,75 @@ void ProcessGroup::Impl::raise(const std::string& message) {
   throw DistributedError(message);
 }
 
+std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
+  if (local() || !store) return std::nullopt;
+  try {
+    std::lock_guard<std::mutex> lock(store_mutex);
+    if (!store->check({kFailedKey})) return std::nullopt;
+    const int rank = std::stoi(string_of(store->get(kFailedKey)));
+    if (rank == opts.rank || !store->check({failure_key(rank)})) return std::nullopt;
+    // "<kind>\n<task>\n<message>"
+    const std::string record = string_of(store->get(failure_key(rank)));
+    const size_t a = record.find('\n');
+    const size_t b = a == std::string::npos ? a : record.find('\n', a + 1);
+    if (b == std::string::npos) return std::nullopt;
+    const int kind_number = std::stoi(record.substr(0, a));
+    if (kind_number < 0 || kind_number > static_cast<int>(ErrorKind::kInternal))
+      return std::nullopt;
+    const auto kind = static_cast<ErrorKind>(kind_number);
+    const std::string task = record.substr(a + 1, b - a - 1);
+    const std::string message = record.substr(b + 1);
+    const std::string name = kind_name(kind);
+    const bool named = message.compare(0, name.size(), name) == 0;
+    return PeerFailed(kind, task + " failed: " + (named ? "" : name + ": ") + message);
+  } catch (const std::exception&) {
+    return std::nullopt;  // the chief (and its store) is gone too: nothing to learn
+  }
+}
+
+void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine, double grace_s) {
+  Impl& s = *impl_;
+  if (s.local() || !s.store) return;
+  try {
+    std::lock_guard<std::mutex> lock(s.store_mutex);
+    if (mine) {
+      const std::string record =
+          std::to_string(static_cast<int>(mine->kind)) + "\n" + mine->task + "\n" + mine->message;
+      s.store->set(failure_key(s.opts.rank), bytes_of(record));
+      s.store->set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
+    }
+    s.store->set(left_key(s.opts.rank), bytes_of("1"));
+  } catch (const std::exception& e) {
+    spdlog::debug("could not report the failure to the other tasks: {}", plain_message(e));
+    return;
+  }
+  if (s.opts.rank != 0) return;
+  // The chief's process hosts the store: keep it up until the others have read the cause.
+  std::vector<std::string> others;
+  for (int r = 1; r < s.opts.world_size; ++r) others.push_back(left_key(r));
+  const auto deadline = Clock::now() + detail::to_ms(grace_s);
+  bool logged = false;
+  while (Clock::now() < deadline) {
+    try {
+      std::lock_guard<std::mutex> lock(s.store_mutex);
+      if (s.store->check(others)) return;
+    } catch (const std::exception&) {
+      return;
+    }
+    if (!logged) {
+      spdlog::info("waiting up to {} s for the other tasks to stop and read why",
+                   seconds_text(grace_s));
+      logged = true;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
 void ProcessGroup::Impl::fail(const std::string& what, const std::exception& e) {
+  if (auto peer = peer_failure()) {
+    record_failure(peer->what());
+    throw PeerFailed(*peer);
+  }
   const std::string detail = plain_message(e);
   std::string cause;
   if (contains_any(detail, {"timed out", "timeout"})) {
@@ -239,10 +319,21 @@ void ProcessGroup::Impl::wait(const std::string& what, const c10::intrusive_ptr<
       done->cv.notify_all();
     });
     const auto give_up = Clock::now() + net;
+    auto next_poll = Clock::now() + kPeerPoll;
     std::optional<Clock::time_point> stop_seen;
     std::unique_lock<std::mutex> lock(done->m);
     while (!done->cv.wait_for(lock, kWaitSlice, [&] { return done->done; })) {
       const auto now = Clock::now();
+      if (now >= next_poll) {  // a peer that failed and said so will never join this collective
+        next_poll = now + kPeerPoll;
+        lock.unlock();
+        if (auto peer = peer_failure()) {
+          record_failure(peer->what());
+          throw PeerFailed(*peer);
+        }
+        lock.lock();
+        if (done->done) break;
+      }
       if (util::stop_requested()) {
         if (!stop_seen) stop_seen = now;
         if (now - *stop_seen >= kStopGrace) {

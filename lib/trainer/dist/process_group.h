@@ -4,21 +4,25 @@
 // Every failure (a peer lost, a timeout, an unreachable chief) is a trainer::DistributedError
 // that names the collective, so the program exits 4 instead of crashing or hanging; after a stop
 // signal (util::stop_requested) it is Interrupted instead, and a Gloo collective still waiting
-// 5 s after the signal is abandoned. A group that failed once refuses every later call. With
-// world_size 1 every call is a local no-op.
-// Ownership: ProcessGroup owns the store, the backends, their threads and sockets; an AsyncWork
-// keeps what it needs alive. Thread-safety: collectives must be called in the same order on
-// every rank (that is how ranks match them up); calls are serialised internally, so several
-// threads may call, but then they must agree on the order themselves. AsyncWork::wait may be
-// called from any thread.
+// 5 s after the signal is abandoned. When another rank failed and said why
+// (leave_after_failure), the failure is a PeerFailed with that rank's cause and kind instead, and
+// a Gloo collective waiting on that rank is abandoned within a second. A group that failed once
+// refuses every later call. With world_size 1 every call is a local no-op. Ownership: ProcessGroup
+// owns the store, the backends, their threads and sockets; an AsyncWork keeps what it needs alive.
+// Thread-safety: collectives must be called in the same order on every rank (that is how ranks
+// match them up); calls are serialised internally, so several threads may call, but then they must
+// agree on the order themselves. AsyncWork::wait may be called from any thread.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "trainer/util/error.h"
 
 namespace trainer::dist {
 
@@ -38,6 +42,13 @@ struct DistOptions {
 };
 
 enum class Reduce { kSum, kMin, kMax };
+
+// What a rank whose run failed tells its peers (ProcessGroup::leave_after_failure).
+struct FailureReport {
+  std::string task;  // "worker 1", as the peers will name it
+  ErrorKind kind = ErrorKind::kInternal;
+  std::string message;
+};
 
 // A collective in flight. wait() blocks until it is done and throws DistributedError when it
 // failed; waiting again is a no-op. A default-constructed AsyncWork is already done.
@@ -94,6 +105,15 @@ class ProcessGroup {
   std::vector<std::string> all_gather_strings(const std::string& mine);
 
   void barrier();
+
+  // On the way out of a failed run, on every rank; never throws, a no-op with world_size 1.
+  // Publishes `mine` (this rank's own failure, not one caused by a peer's) in the rendezvous
+  // store, then marks this rank as gone. A peer whose collective then fails, or that has been
+  // waiting in one for a second, reads it and throws PeerFailed ("worker 1 failed: data error:
+  // ...", of the failing rank's kind) instead of a bare connection error or the collective
+  // timeout. The chief hosts the store, so it returns only when every other rank is gone or
+  // `grace_s` has passed.
+  void leave_after_failure(const std::optional<FailureReport>& mine, double grace_s);
 
   struct Impl;  // defined in process_group.cpp
 

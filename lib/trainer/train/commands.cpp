@@ -49,7 +49,7 @@ std::optional<CheckpointInfo> claim_job_dir(const cluster::JobDir& dir, const co
   if (fs::exists(dir.job_yaml())) {
     try {
       const config::JobSpec previous = config::load_job_spec(dir.job_yaml().string(), {});
-      if (auto diff = config::first_difference(previous, spec, config::resumable_changes())) {
+      if (auto diff = config::first_difference(previous, spec, config::resumable_changes(spec))) {
         conflict = fmt::format("{} is {} there but {} here", diff->field, diff->left, diff->right);
       }
     } catch (const ConfigError& e) {
@@ -145,6 +145,83 @@ nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterS
 
 }  // namespace
 
+namespace {
+
+// Seconds the chief waits, after a failure, for the others to read why (at most timeout_s).
+constexpr double kFailureGraceS = 15;
+
+// On the way out of a failed run: this process's own failure (not one caused by a peer's, not a
+// lost connection or a signal, which every rank sees for itself) goes to the others with its task
+// and cause; the chief then waits a little for them to read it (ProcessGroup::leave_after_failure).
+void tell_peers(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                const config::JobSpec& spec, const std::exception_ptr& error) {
+  std::optional<dist::FailureReport> mine;
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerFailed&) {
+  } catch (...) {
+    const ErrorSummary f = describe_exception(error);
+    if (f.kind != ErrorKind::kDistributed && f.kind != ErrorKind::kInterrupted) {
+      mine = dist::FailureReport{cluster::task_name(cluster, cluster.rank), f.kind, f.message};
+    }
+  }
+  group.leave_after_failure(mine, std::min(spec.distributed.timeout_s, kFailureGraceS));
+}
+
+// Steps 3 to 5 of run_train, once the process group is up.
+int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
+                   const cluster::ClusterSpec& cluster, const cluster::JobDir& job_dir,
+                   const ModelSettings& settings, const ThreadBudget& budget,
+                   dist::ProcessGroup& group) {
+  // 3. The data plan, and proof that every process runs the same job.
+  DataPlan plan;
+  agree(group, cluster, "listing the data", [&] {
+    plan = plan_data(spec, cluster, list_options_for(job_dir.root().string(), job_dir.is_chief()));
+  });
+  verify_same_job(group, cluster,
+                  job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr));
+
+  // 4. The job dir: the same job or none; where to resume.
+  std::optional<CheckpointInfo> resume;
+  agree(group, cluster, "claiming the job dir", [&] {
+    if (job_dir.is_chief()) resume = claim_job_dir(job_dir, spec, options.overwrite);
+  });
+  if (!job_dir.is_chief()) resume = latest_checkpoint(job_dir.checkpoints_dir());
+  agree_on_resume(group, cluster, resume);
+  const bool finished =
+      resume &&
+      (resume->position.epoch >= spec.train.epochs ||
+       (spec.train.max_steps > 0 && resume->position.global_step >= spec.train.max_steps));
+  // A finished job is left alone, unless it stopped before exporting its model (then the export
+  // in train_job runs from the checkpoint without training). The chief decides for all.
+  const bool nothing_to_do =
+      group.all_reduce_max(
+          job_dir.is_chief() && finished && fs::exists(job_dir.model_dir() / "model.json") ? 1
+                                                                                           : 0) > 0;
+  if (nothing_to_do) {
+    spdlog::info(
+        "{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
+        "--epochs to train further)",
+        job_dir.root().string(), resume->position.epoch, resume->position.global_step);
+    if (job_dir.is_chief()) std::printf("model: %s\n", job_dir.model_dir().string().c_str());
+    job_dir.finish_clean();
+    return 0;
+  }
+
+  // 5. Train, export.
+  const TrainSummary summary =
+      train_job(spec, TrainContext{cluster, job_dir, plan, group, settings, budget, resume});
+  if (job_dir.is_chief()) {
+    spdlog::info("model written to {}", job_dir.model_dir().string());
+    std::printf("model: %s\n", job_dir.model_dir().string().c_str());
+    if (summary.val_accuracy) std::printf("validation accuracy: %.4f\n", *summary.val_accuracy);
+  }
+  job_dir.finish_clean();
+  return 0;
+}
+
+}  // namespace
+
 int run_train(const TrainOptions& options) {
   if (options.job_dir.empty()) throw UsageError("--job-dir is required");
   // 1. The job and this process's role.
@@ -172,52 +249,12 @@ int run_train(const TrainOptions& options) {
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
   dist_opts.threads = budget.gloo;
   const auto group = dist::ProcessGroup::connect(dist_opts);
-
-  // 3. The data plan, and proof that every process runs the same job.
-  DataPlan plan;
-  agree(*group, cluster, "listing the data", [&] {
-    plan = plan_data(spec, cluster, list_options_for(job_dir.root().string(), job_dir.is_chief()));
-  });
-  verify_same_job(*group, cluster,
-                  job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr));
-
-  // 4. The job dir: the same job or none; where to resume.
-  std::optional<CheckpointInfo> resume;
-  agree(*group, cluster, "claiming the job dir", [&] {
-    if (job_dir.is_chief()) resume = claim_job_dir(job_dir, spec, options.overwrite);
-  });
-  if (!job_dir.is_chief()) resume = latest_checkpoint(job_dir.checkpoints_dir());
-  agree_on_resume(*group, cluster, resume);
-  const bool finished =
-      resume &&
-      (resume->position.epoch >= spec.train.epochs ||
-       (spec.train.max_steps > 0 && resume->position.global_step >= spec.train.max_steps));
-  // A finished job is left alone, unless it stopped before exporting its model (then the export
-  // in train_job runs from the checkpoint without training). The chief decides for all.
-  const bool nothing_to_do =
-      group->all_reduce_max(
-          job_dir.is_chief() && finished && fs::exists(job_dir.model_dir() / "model.json") ? 1
-                                                                                           : 0) > 0;
-  if (nothing_to_do) {
-    spdlog::info(
-        "{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
-        "--epochs to train further)",
-        job_dir.root().string(), resume->position.epoch, resume->position.global_step);
-    if (job_dir.is_chief()) std::printf("model: %s\n", job_dir.model_dir().string().c_str());
-    job_dir.finish_clean();
-    return 0;
+  try {
+    return train_in_group(options, spec, cluster, job_dir, settings, budget, *group);
+  } catch (...) {
+    tell_peers(*group, cluster, spec, std::current_exception());
+    throw;
   }
-
-  // 5. Train, export.
-  const TrainSummary summary =
-      train_job(spec, TrainContext{cluster, job_dir, plan, *group, settings, budget, resume});
-  if (job_dir.is_chief()) {
-    spdlog::info("model written to {}", job_dir.model_dir().string());
-    std::printf("model: %s\n", job_dir.model_dir().string().c_str());
-    if (summary.val_accuracy) std::printf("validation accuracy: %.4f\n", *summary.val_accuracy);
-  }
-  job_dir.finish_clean();
-  return 0;
 }
 
 int run_inspect(const InspectOptions& options, std::ostream& out) {

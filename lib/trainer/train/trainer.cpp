@@ -419,7 +419,7 @@ void add_validation(const EvalCounts& val, std::map<std::string, double>* metric
 
 std::string job_identity(const config::JobSpec& spec) {
   // The fields of config::resumable_changes() may differ between runs of one job.
-  return config::fingerprint(spec, config::resumable_changes());
+  return config::fingerprint(spec, config::resumable_changes(spec));
 }
 
 TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {

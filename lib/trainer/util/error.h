@@ -3,6 +3,7 @@
 // kind to the process exit code (see exit_code()). Thread-safe: plain value types.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -42,7 +43,30 @@ struct Interrupted : Error {
   explicit Interrupted(const std::string& m) : Error(ErrorKind::kInterrupted, m) {}
 };
 
+// Raised on one rank because another rank failed (its cause read from the rendezvous store): its
+// kind is the failing rank's, its message names that task and its cause. A rank that fails this
+// way does not report the failure as its own.
+struct PeerFailed : Error {
+  PeerFailed(ErrorKind kind, const std::string& m) : Error(kind, m) {}
+};
+
 // The process exit code for an error kind: the one table of it.
 int exit_code(ErrorKind kind);
+
+// "usage error", "config error", "data error", "distributed error", "interrupted",
+// "internal error".
+const char* kind_name(ErrorKind kind);
+
+// What an exception means to the program: its kind and a one-line message. The one mapping of
+// exception types to kinds, used by main() and by the failure a rank reports to its peers:
+// trainer::Error keeps its kind and message; std::filesystem::filesystem_error is a data error
+// (exit 3) that names the path(s) and says when the disk is full or the path read-only;
+// std::bad_alloc is internal, "out of memory"; c10::Error (LibTorch) is internal, without its C++
+// backtrace; anything else is internal.
+struct ErrorSummary {
+  ErrorKind kind = ErrorKind::kInternal;
+  std::string message;
+};
+ErrorSummary describe_exception(const std::exception_ptr& e);
 
 }  // namespace trainer

@@ -176,10 +176,10 @@ TEST_CASE("first_difference finds the first changed field and honours ignored pr
   d = first_difference(a, b, {"train.epochs"});
   REQUIRE(d.has_value());
   CHECK(d->field == "logging.every_steps");
-  CHECK_FALSE(first_difference(a, b, resumable_changes()).has_value());
+  CHECK_FALSE(first_difference(a, b, resumable_changes(a)).has_value());
 
   b.train.optimizer.learning_rate = 0.5;
-  d = first_difference(a, b, resumable_changes());
+  d = first_difference(a, b, resumable_changes(a));
   REQUIRE(d.has_value());
   CHECK(d->field == "train.optimizer.learning_rate");
   CHECK(d->left == "0.0001");
@@ -192,10 +192,38 @@ TEST_CASE("first_difference finds the first changed field and honours ignored pr
   CHECK(first_difference(a, c, {"data."})->field == "model.arch");
 }
 
-TEST_CASE("resumable_changes", "[config]") {
-  CHECK(resumable_changes() ==
-        std::vector<std::string>{"train.epochs", "train.max_steps", "logging.", "train.threads",
-                                 "data.num_workers", "data.prefetch_batches"});
+TEST_CASE("resumable_changes: what may change between runs of one job", "[config]") {
+  JobSpec a = minimal();
+  const std::vector<std::string> speed_only = {
+      "train.epochs",          "train.max_steps",       "logging.",
+      "checkpoint.",           "train.threads",         "data.num_workers",
+      "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
+      "distributed.interface"};
+  std::vector<std::string> with_cache = speed_only;
+  with_cache.push_back("data.cache");
+  CHECK(resumable_changes(a) == with_cache);
+
+  // Moving a job to a bigger machine, with longer timeouts and a cache, is the same job.
+  JobSpec moved = a;
+  moved.train.threads = 64;
+  moved.data.num_workers = 16;
+  moved.data.prefetch_batches = 8;
+  moved.distributed.timeout_s = 60;
+  moved.distributed.rendezvous_timeout_s = 30;
+  moved.distributed.interface = "eth1";
+  moved.data.cache = "memory";
+  moved.checkpoint.keep = 9;
+  CHECK_FALSE(first_difference(a, moved, resumable_changes(a)).has_value());
+  // What changes bits is not.
+  moved.distributed.bucket_mb = 5;
+  CHECK(first_difference(a, moved, resumable_changes(a))->field == "distributed.bucket_mb");
+
+  // With random crops the cache changes the pixels (crops of the resized image): not ignored.
+  a.data.augment.random_resized_crop = true;
+  CHECK(resumable_changes(a) == speed_only);
+  JobSpec cached = a;
+  cached.data.cache = "memory";
+  CHECK(first_difference(a, cached, resumable_changes(a))->field == "data.cache");
 }
 
 TEST_CASE("fingerprint is stable and sensitive to every field", "[config]") {
@@ -226,9 +254,9 @@ TEST_CASE("fingerprint leaves out the fields it is told to ignore, and only thos
   b.data.num_workers = 3;
   b.logging.every_steps = 99;
   CHECK(fingerprint(a) != fingerprint(b));
-  CHECK(fingerprint(a, resumable_changes()) == fingerprint(b, resumable_changes()));
+  CHECK(fingerprint(a, resumable_changes(a)) == fingerprint(b, resumable_changes(b)));
   b.train.optimizer.learning_rate = 0.5;
-  CHECK(fingerprint(a, resumable_changes()) != fingerprint(b, resumable_changes()));
+  CHECK(fingerprint(a, resumable_changes(a)) != fingerprint(b, resumable_changes(b)));
 }
 
 TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]") {

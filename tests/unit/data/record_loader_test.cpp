@@ -11,6 +11,7 @@
 #include "loader_fixtures.h"
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
+#include "trainer/data/record_feed.h"
 #include "trainer/data/record_order.h"
 #include "trainer/data/source.h"
 #include "trainer/data/tf_example.h"
@@ -245,4 +246,16 @@ TEST_CASE("reduced-scale JPEG decoding: the factor from the header, close to a f
   // decode_resized + augment is decode, when nothing is cropped.
   const ImagePipeline p(reduced);
   CHECK(torch::equal(p.augment(p.decode_resized(jpeg, "x"), 0), b));
+}
+
+TEST_CASE("an exception in the record reader thread reaches the takers, not std::terminate",
+          "[data][tfrecord]") {
+  TempDir tmp;
+  const Listing listing = make_records(tmp, 1, 3);
+  // An unknown compression throws a ConfigError (not a record's DataError) inside the reader
+  // thread when it opens the file: every take() rethrows it, the destructor still joins.
+  RecordFeed feed(&listing.examples, "zstd", 4);
+  const uint64_t gen = feed.start({0, 1, 2});
+  CHECK_THROWS_WITH(feed.take(0, gen), Contains("zstd"));
+  CHECK_THROWS_AS(feed.take(1, gen), ConfigError);
 }
