@@ -133,6 +133,11 @@ int run(int argc, char** argv) {
                    "First port (chief, then workers); 0 = pick free ports")
       ->capture_default_str();
   bool no_pin = false;
+  launch_cmd
+      ->add_option("--max-restarts", launch_opts.max_restarts,
+                   "Restart the whole group up to N times when a process dies or fails with a "
+                   "data or distributed error (it resumes from the newest checkpoint)")
+      ->check(CLI::Range(0, 1000));
   launch_cmd->add_flag("--no-pin", no_pin,
                        "Do not give each process its own slice of the CPUs (sched_setaffinity)");
   launch_cmd->add_option("train-args", launch_opts.args, "What every process runs, after `--`");

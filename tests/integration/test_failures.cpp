@@ -2,10 +2,15 @@
 // publishes its error in the rendezvous store before it exits; a peer whose collective then fails,
 // or that is waiting in one, reads it and exits with that task's kind and message instead of a
 // bare "lost the connection" (exit 4) or the collective timeout. Real processes, real TF_CONFIG,
-// real Gloo over loopback.
+// real Gloo over loopback. And trainer launch --max-restarts: a killed worker restarts the group,
+// which resumes from the newest checkpoint and ends bit-identical to a run that never failed.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "fixtures.h"
@@ -100,4 +105,91 @@ TEST_CASE("the chief's failing checkpoint write stops every worker with its caus
   CHECK(after < 5);
   // metrics.jsonl, written before the failure, is intact.
   CHECK_FALSE(read_metrics(dir / "job" / "metrics.jsonl").empty());
+}
+
+namespace {
+
+// The pid of the child of `parent` whose TF_CONFIG names task worker `index` (trainer launch's
+// processes), or -1.
+pid_t launched_worker(pid_t parent, int index) {
+  const std::string want = "\"index\":" + std::to_string(index);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    long ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != parent) continue;
+    std::string env = slurp(e.path() / "environ");
+    if (env.find("\"type\":\"worker\"") != std::string::npos &&
+        env.find(want) != std::string::npos) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("launch --max-restarts: a worker killed mid-epoch, and the job ends bit-identical",
+          "[failures][launch]") {
+  TempDir dir("max_restarts");
+  make_dataset(dir.path(), "data", 20, 64);  // 100 images: 12 steps of 2 x 4 per epoch
+  write_text(dir / "job.yaml", R"(model: {arch: resnet18}
+data:
+  train: {path: data/train}
+  image_size: 64
+  seed: 3
+  num_workers: 1
+  augment: {horizontal_flip: true}
+train:
+  epochs: 2
+  per_replica_batch_size: 4
+  threads: 1
+  seed: 7
+  optimizer: {name: adam, learning_rate: 0.002}
+checkpoint: {every_steps: 3, keep: 2}
+logging: {every_steps: 1}
+)");
+  const Result full =
+      run_trainer(dir.path(), "launch --workers 2 -- --config job.yaml --job-dir full");
+  INFO(full.err);
+  REQUIRE(full.code == 0);
+
+  Background launcher(dir.path(),
+                      "launch --workers 2 --max-restarts 1 -- --config job.yaml --job-dir split",
+                      {}, "launch");
+  // Kill worker 1 once the first mid-epoch checkpoint (step 3) is complete.
+  bool checkpointed = false;
+  for (int i = 0; i < 2400 && !checkpointed; ++i) {
+    checkpointed = fs::exists(dir / "split" / "checkpoints" / "ckpt-000000003" / "state.json");
+    if (!checkpointed) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(checkpointed);
+  const pid_t worker = launched_worker(launcher.pid(), 1);
+  REQUIRE(worker > 0);
+  ::kill(worker, SIGKILL);
+  const Result r = launcher.wait();
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, Contains("restart 1 of 1: worker 1 failed with exit code 137"));
+  CHECK_THAT(r.err, Contains("resumed from split/checkpoints/ckpt-"));
+  const std::string a = slurp(dir / "full" / "model" / "model.safetensors");
+  const std::string b = slurp(dir / "split" / "model" / "model.safetensors");
+  CHECK(a.size() > 1000);
+  CHECK(a == b);  // the same weights, bit for bit, as the run that never failed
+}
+
+TEST_CASE("launch --max-restarts never retries a config error", "[failures][launch]") {
+  TempDir dir("no_restart");
+  make_dataset(dir.path(), "data", 2, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const Result r = run_trainer(dir.path(),
+                               "launch --workers 2 --max-restarts 3 -- --config job.yaml "
+                               "--job-dir job --set train.per_replica_batch_size=0");
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Contains("not restarting") && Contains("exit code 2") &&
+                        Contains("train.per_replica_batch_size"));
+  CHECK_FALSE(Contains("restart 1 of").match(r.err));
 }

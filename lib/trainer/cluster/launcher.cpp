@@ -163,12 +163,15 @@ struct Stream {
   std::string prefix;  // "[worker 1] "
   std::string buffer;  // the start of a line not yet complete
 
+  std::string last_error;  // the message of the last line logged at level error
+
   void emit(bool flush_partial) {
     std::string out;
     size_t start = 0;
     for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
       out += prefix;
       out.append(buffer, start, nl + 1 - start);
+      remember_error(buffer.substr(start, nl - start));
     }
     buffer.erase(0, start);
     if (!buffer.empty() && (flush_partial || buffer.size() >= kMaxLine)) {
@@ -176,6 +179,13 @@ struct Stream {
       buffer.clear();
     }
     if (!out.empty()) write_all(out_fd, out);
+  }
+
+  // spdlog's "<date> <time> error <message>" lines: keep the message (the cause of a failure).
+  void remember_error(const std::string& line) {
+    static const std::string kLevel = " error ";
+    const size_t at = line.find(kLevel);
+    if (at != std::string::npos && at < 32) last_error = line.substr(at + kLevel.size());
   }
 
   // Reads once; false at EOF (or a read error), after flushing a partial last line.
@@ -336,8 +346,8 @@ int start_child(Child& child, const std::string& program, const std::vector<std:
   child.running = true;
   for (int fd : {out.read, err.read}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   const std::string prefix = "[" + child.task.name() + "] ";
-  child.out = Stream{out.read, out_fd, prefix, ""};
-  child.err = Stream{err.read, err_fd, prefix, ""};
+  child.out = Stream{out.read, out_fd, prefix, "", ""};
+  child.err = Stream{err.read, err_fd, prefix, "", ""};
   return exec_errno;
 }
 
@@ -489,28 +499,28 @@ std::vector<int> pick_free_ports(const std::string& host, int count) {
   return ports;
 }
 
-int run_launch(const LaunchOptions& options) {
-  validate(options);
-  const int count = process_count(options);
-  std::vector<int> ports;
-  if (options.base_port == 0) {
-    ports = pick_free_ports(options.host, count);
-  } else {
-    for (int i = 0; i < count; ++i) ports.push_back(options.base_port + i);
-  }
-  const std::vector<LaunchTask> tasks = plan_launch(options, ports);
-  const std::string program = resolve_program(options.program);
-  if (std::getenv("TF_CONFIG") != nullptr) {
-    spdlog::warn("launch: TF_CONFIG is set here; each process gets its own instead");
-  }
-  std::string plan;
-  for (const auto& t : tasks) plan += (plan.empty() ? "" : ", ") + t.name() + " " + t.address;
-  spdlog::info("launch: {} processes ({}): {}", count, program, plan);
+namespace {
 
-  SignalScope signals;
-  const UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (devnull.fd < 0) throw Error(ErrorKind::kInternal, sys_error("launch: open /dev/null"));
+// How one start of the whole group ended.
+struct GroupOutcome {
+  int code = 0;                    // 0, or the exit code of the process that failed first
+  std::string task;                // that process ("worker 1")
+  std::string cause;               // the last error it logged ("" = none)
+  bool stopped_by_signal = false;  // the launcher got SIGINT/SIGTERM and forwarded it
+};
+
+// A failure a restart may fix: a process that died (killed, crashed) or failed with a data (3)
+// or distributed (4) error. Not: a usage or config error (2), an internal error (1), a stop
+// asked for by SIGINT/SIGTERM (130, 143).
+bool restartable(int code) {
+  return code == 3 || code == 4 || (code > 128 && code != 130 && code != 143);
+}
+
+// Starts every task and waits until all have exited; when one fails, stops the others.
+GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTask>& tasks,
+                       const std::string& program, SignalScope& signals, int devnull) {
   ChildSet set;
+  GroupOutcome outcome;
   std::optional<size_t> first_failure;
   std::optional<Clock::time_point> kill_at;  // SIGKILL what still runs at this time
 
@@ -550,7 +560,7 @@ int run_launch(const LaunchOptions& options) {
       spdlog::info("launch: {} runs on CPU {}", t.name(), fmt::join(c.cpus, ","));
     }
     const int exec_errno =
-        start_child(c, program, options.args, options.stdout_fd, options.stderr_fd, devnull.fd);
+        start_child(c, program, options.args, options.stdout_fd, options.stderr_fd, devnull);
     if (exec_errno != 0) {
       int status = 0;
       while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
@@ -571,6 +581,7 @@ int run_launch(const LaunchOptions& options) {
       if (counter->exchange(0) == 0) continue;
       spdlog::warn("launch: got {}; forwarding it to the processes",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
+      outcome.stopped_by_signal = true;
       for (auto& c : set.children) {
         if (!c.running) continue;
         c.signal_group(sig);
@@ -642,10 +653,66 @@ int run_launch(const LaunchOptions& options) {
   }
 
   if (!first_failure) {
-    spdlog::info("launch: all {} processes exited with code 0", count);
-    return 0;
+    spdlog::info("launch: all {} processes exited with code 0", set.children.size());
+    return outcome;
   }
-  return set.children[*first_failure].exit_code;
+  const Child& failed = set.children[*first_failure];
+  outcome.code = failed.exit_code;
+  outcome.task = failed.task.name();
+  outcome.cause = failed.err.last_error;
+  return outcome;
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& options) {
+  validate(options);
+  const int count = process_count(options);
+  const std::string program = resolve_program(options.program);
+  if (std::getenv("TF_CONFIG") != nullptr) {
+    spdlog::warn("launch: TF_CONFIG is set here; each process gets its own instead");
+  }
+  SignalScope signals;
+  const UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (devnull.fd < 0) throw Error(ErrorKind::kInternal, sys_error("launch: open /dev/null"));
+  for (int attempt = 0;; ++attempt) {
+    std::vector<int> ports;
+    if (options.base_port == 0) {
+      ports = pick_free_ports(options.host, count);  // fresh ones for every attempt
+    } else {
+      for (int i = 0; i < count; ++i) ports.push_back(options.base_port + i);
+    }
+    const std::vector<LaunchTask> tasks = plan_launch(options, ports);
+    std::string plan;
+    for (const auto& t : tasks) plan += (plan.empty() ? "" : ", ") + t.name() + " " + t.address;
+    spdlog::info("launch: {} processes ({}): {}", count, program, plan);
+
+    const GroupOutcome out = run_group(options, tasks, program, signals, devnull.fd);
+    if (out.code == 0) return 0;
+    const std::string cause = out.cause.empty() ? "" : ": " + out.cause;
+    if (options.max_restarts == 0) return out.code;
+    if (out.stopped_by_signal) {
+      spdlog::warn("launch: not restarting: the launcher was asked to stop");
+      return out.code;
+    }
+    if (!restartable(out.code)) {
+      spdlog::error(
+          "launch: not restarting: {} failed with exit code {}{}, which a restart would not fix "
+          "(only a process that dies, or fails with a data (3) or distributed (4) error, is "
+          "restarted)",
+          out.task, out.code, cause);
+      return out.code;
+    }
+    if (attempt >= options.max_restarts) {
+      spdlog::error("launch: {} failed with exit code {}{}; no restarts left (--max-restarts {})",
+                    out.task, out.code, cause, options.max_restarts);
+      return out.code;
+    }
+    spdlog::warn(
+        "launch: restart {} of {}: {} failed with exit code {}{}; starting every process again "
+        "(they resume from the newest complete checkpoint)",
+        attempt + 1, options.max_restarts, out.task, out.code, cause);
+  }
 }
 
 }  // namespace trainer::cluster

@@ -1,7 +1,8 @@
 // `trainer launch`: runs a whole training cluster on this machine. Starts N worker processes (plus
 // a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine,
 // prefixes every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "),
-// forwards SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code.
+// forwards SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code
+// (or, with --max-restarts, starts them all again).
 // POSIX only (fork/exec, pipes, poll, process groups). run_launch() owns the children it starts
 // and installs its own SIGINT/SIGTERM/SIGCHLD handlers for its duration: one launch at a time per
 // process, from one thread.
@@ -27,6 +28,12 @@ struct LaunchOptions {
   // that every process sizes its threads for its share instead of each taking every core. Only
   // when there are at least as many CPUs as processes; false = inherit the launcher's mask.
   bool pin_cpus = true;  // (--no-pin to turn off)
+  // When a process dies (a signal) or fails with a data (3) or distributed (4) error: stop the
+  // others and start the whole group again, at most this many times (--max-restarts, as
+  // torchrun's). The processes resume from the newest complete checkpoint, so the run ends with
+  // the same weights as one that never failed. Other failures (2: config, 1: internal, a stop
+  // asked for by SIGINT/SIGTERM) are never retried.
+  int max_restarts = 0;
 };
 
 // The CPUs of each of `processes` processes: `cpus` cut into contiguous slices of near-equal
@@ -53,8 +60,9 @@ std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vec
 std::vector<int> pick_free_ports(const std::string& host, int count);
 
 // Starts the cluster and waits for it: 0 when every process exits 0, else the exit code of the
-// first process that failed (128 + S for one killed by signal S). Logs (spdlog, stderr) the plan
-// and which task failed first. Throws UsageError for bad options (before starting anything).
+// first process that failed (128 + S for one killed by signal S) once no restart is left. Logs
+// (spdlog, stderr) the plan, which task failed first with the last error it logged, and each
+// restart with that cause. Throws UsageError for bad options (before starting anything).
 int run_launch(const LaunchOptions& options);
 
 }  // namespace trainer::cluster

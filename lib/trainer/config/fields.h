@@ -185,6 +185,10 @@ template <class V>
 void visit(CheckpointSpec& s, V& v) {
   v("every_epochs", s.every_epochs,
     Field("write a checkpoint every N epochs (and at the end)").at_least(1));
+  v("every_steps", s.every_steps,
+    Field("also every N steps, mid-epoch (bounds the work a failure costs)")
+        .at_least(0)
+        .zero_means("off"));
   v("keep", s.keep, Field("newest checkpoints kept").at_least(1));
 }
 

@@ -110,6 +110,7 @@ struct TrainSpec {
 
 struct CheckpointSpec {
   int every_epochs = 1;  // write a checkpoint every N epochs (and at the end)
+  int every_steps = 0;   // also every N steps, mid-epoch (bounds the work a failure costs); 0 = off
   int keep = 3;          // newest checkpoints kept
 };
 

@@ -357,6 +357,16 @@ class ChiefWrites {
     });
   }
 
+  // checkpoint.every_steps, after a step inside an epoch (the end of an epoch, and stopping at
+  // max_steps, have their own checkpoint in checkpoint_if_due).
+  void checkpoint_if_step_due(const TrainPosition& pos) {
+    const int every = spec_.checkpoint.every_steps;
+    if (every > 0 && pos.global_step % every == 0 &&
+        pos.batch_in_epoch < ctx_.plan.steps_per_epoch) {
+      checkpoint(pos);
+    }
+  }
+
   // The cadence at the end of an epoch's steps: a finished epoch checkpoints every
   // checkpoint.every_epochs, at the last epoch and when stopping at max_steps; a run stopped
   // mid-epoch checkpoints where it stopped.
@@ -483,6 +493,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       meter.end_step(pos, r, lr, stepper.sync_stats());
       if (stepper.stop_everywhere()) stop_on_signal(meter, chief, pos);  // every replica alike
       if ((stop = at_max_steps())) break;
+      chief.checkpoint_if_step_due(pos);
     }
     std::string line;
     std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);
