@@ -93,3 +93,37 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
     CHECK_THAT(slurp(dir / "full" / "job.yaml"), Contains("sgd"));
   }
 }
+
+TEST_CASE("resuming with another world size: refused mid-epoch, allowed at an epoch boundary",
+          "[resume]") {
+  TempDir dir("resume_world");
+  make_dataset(dir.path(), "data", 6, 32);  // 30 images: 3 steps per epoch with 1 worker
+  write_text(dir / "job.yaml", tiny_job_yaml(2) + "\n");
+  const std::string one = "--config job.yaml --job-dir job --set data.validation.path=";
+  const std::string two = "launch --workers 2 -- " + one;
+
+  // Stopped mid-epoch (step 2 of 3) by 1 worker; state.json records the plan.
+  REQUIRE(run_trainer(dir.path(), one + " --set train.max_steps=2").code == 0);
+  const auto state = nlohmann::json::parse(slurp(newest_checkpoint(dir / "job") / "state.json"));
+  CHECK(state["world_size"] == 1);
+  CHECK(state["steps_per_epoch"] == 3);
+  CHECK(state["shard_digests"].size() == 1);
+
+  const Result refused = run_trainer(dir.path(), two);
+  INFO(refused.err);
+  CHECK(refused.code == 2);
+  CHECK_THAT(refused.err,
+             Contains("middle of epoch 1") && Contains("1 workers wrote it, this run has 2"));
+  CHECK(newest_checkpoint(dir / "job").filename() == "ckpt-000000002");  // nothing lost
+
+  // The same worker finishes the epoch; from that boundary 2 workers go on with a new plan.
+  REQUIRE(run_trainer(dir.path(), one + " --set train.max_steps=3").code == 0);
+  const Result resumed = run_trainer(dir.path(), two);
+  INFO(resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK_THAT(resumed.err, Contains("resuming at the start of epoch 2 with a new data plan") &&
+                              Contains("1 workers wrote it, this run has 2"));
+  const auto final_state =
+      nlohmann::json::parse(slurp(newest_checkpoint(dir / "job") / "state.json"));
+  CHECK(final_state["world_size"] == 2);
+}

@@ -1,6 +1,7 @@
 #include "trainer/data/shard.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/data/random.h"
 #include "trainer/util/error.h"
+#include "trainer/util/hash.h"
 #include "trainer/util/rng.h"
 
 namespace trainer::data {
@@ -322,6 +324,21 @@ std::vector<int64_t> eval_shard(int64_t num_examples, int worker, int num_worker
   mine.reserve(static_cast<size_t>(strided_count(num_examples, worker, num_workers)));
   for (int64_t i = worker; i < num_examples; i += num_workers) mine.push_back(i);
   return mine;
+}
+
+std::string shard_digest(const ShardPlan& plan) {
+  util::Fnv1a64 h;
+  h.add(plan.policy_effective).add_byte(0);
+  h.add_word(static_cast<uint64_t>(plan.worker)).add_word(static_cast<uint64_t>(plan.num_workers));
+  h.add_word(static_cast<uint64_t>(plan.total_examples));
+  h.add_word(static_cast<uint64_t>(plan.examples_this_worker));
+  for (const auto* v : {&plan.files_this_worker, &plan.file_examples, &plan.examples_per_worker}) {
+    h.add_word(v->size());
+    for (const int64_t x : *v) h.add_word(static_cast<uint64_t>(x));
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h.value()));
+  return out;
 }
 
 }  // namespace trainer::data

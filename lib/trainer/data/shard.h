@@ -63,6 +63,11 @@ struct ShardPlan {
   std::vector<int64_t> examples_per_worker;  // the same for every rank (size num_workers)
 };
 
+// A digest (16 hex digits) of what `plan` assigns its worker: policy, rank, world size, example
+// counts and, for `file`, the files and examples. Equal digests = the same shard, so a
+// checkpoint's batch number names the same examples.
+std::string shard_digest(const ShardPlan& plan);
+
 // The plan for rank `worker` of `num_workers`. Throws ConfigError for an unknown policy, for
 // `file` with fewer non-empty files than workers (naming data.shard_policy and `origin`), and
 // for per_replica_batch < 1; Error(kInternal) for a rank out of range or groups whose examples

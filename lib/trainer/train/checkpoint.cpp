@@ -96,14 +96,20 @@ CheckpointInfo verify(const fs::path& dir) {
   info.position.batch_in_epoch = state.at("batch_in_epoch").get<int64_t>();
   info.position.global_step = state.at("global_step").get<int64_t>();
   info.fingerprint = state.at("fingerprint").get<std::string>();
+  if (state.contains("world_size")) {
+    info.plan.world_size = state.at("world_size").get<int>();
+    info.plan.steps_per_epoch = state.at("steps_per_epoch").get<int64_t>();
+    info.plan.shard_digests = state.at("shard_digests").get<std::vector<std::string>>();
+  }
   return info;
 }
 
 }  // namespace
 
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
-                         const std::string& fingerprint, const torch::nn::Module& model,
-                         const torch::optim::Optimizer& optimizer, int keep) {
+                         const std::string& fingerprint, const CheckpointPlan& plan,
+                         const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                         int keep) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   const fs::path tmp_dir = fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp_dir);
@@ -119,6 +125,9 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
                           {"batch_in_epoch", position.batch_in_epoch},
                           {"global_step", position.global_step},
                           {"fingerprint", fingerprint},
+                          {"world_size", plan.world_size},
+                          {"steps_per_epoch", plan.steps_per_epoch},
+                          {"shard_digests", plan.shard_digests},
                           {"files", nlohmann::json::object()}};
   for (const auto& [name, bytes] : files) {
     util::write_file_atomic(tmp_dir / name, bytes);
@@ -190,6 +199,34 @@ void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& mod
                       "': cannot restore the CPU generator: " + e.what_without_backtrace());
     }
   }
+}
+
+void check_resume_plan(const CheckpointInfo& resume, const CheckpointPlan& now) {
+  const CheckpointPlan& then = resume.plan;
+  if (then.world_size == 0) return;  // written before plans were recorded
+  const bool same = then.world_size == now.world_size &&
+                    then.steps_per_epoch == now.steps_per_epoch &&
+                    then.shard_digests == now.shard_digests;
+  if (same) return;
+  const std::string change =
+      then.world_size != now.world_size
+          ? fmt::format("{} workers wrote it, this run has {}", then.world_size, now.world_size)
+          : fmt::format(
+                "the same {} workers, but the data is sharded differently ({} steps per "
+                "epoch then, {} now)",
+                now.world_size, then.steps_per_epoch, now.steps_per_epoch);
+  const TrainPosition& at = resume.position;
+  if (at.batch_in_epoch != 0) {
+    throw ConfigError(fmt::format(
+        "cannot resume from {}: it was written in the middle of epoch {} (after batch {} of {}) "
+        "and {}; the batches left in that epoch would be other examples. Resume with {} workers, "
+        "or from a checkpoint at the end of an epoch (checkpoint.every_epochs)",
+        resume.dir.string(), at.epoch + 1, at.batch_in_epoch, then.steps_per_epoch, change,
+        then.world_size));
+  }
+  spdlog::info(
+      "resuming at the start of epoch {} with a new data plan: {}; {} steps per epoch (was {})",
+      at.epoch + 1, change, now.steps_per_epoch, then.steps_per_epoch);
 }
 
 }  // namespace trainer::train

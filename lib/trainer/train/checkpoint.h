@@ -1,7 +1,8 @@
 // Checkpoints: everything needed to go on, in JOB_DIR/checkpoints/ckpt-<step>/ :
 //   model.safetensors (torchvision keys), optimizer.pt (LibTorch archive), rng.safetensors
 //   (the CPU generator), state.json (format version, epoch/batch position, global step, the
-//   job fingerprint, and the size + CRC-32 of every other file).
+//   job fingerprint, the data plan it was written under: world size, steps per epoch and every
+//   worker's shard digest; and the size + CRC-32 of every other file).
 // A checkpoint is written under a temp name, each file fsynced, then the directory renamed, so a
 // reader never sees a half-written one; on load every file is checked against state.json and
 // a damaged checkpoint is skipped (logged) in favour of the next older one. Not thread-safe.
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trainer::train {
 
@@ -26,17 +28,33 @@ struct TrainPosition {
   int64_t global_step = 0;     // optimizer steps taken so far
 };
 
+// The data plan a checkpoint's position means something under: a batch number within an epoch
+// names the same examples only with the same workers and shards.
+struct CheckpointPlan {
+  int world_size = 0;                      // 0 = not recorded (a checkpoint from before)
+  int64_t steps_per_epoch = 0;             // lock-step batches per epoch
+  std::vector<std::string> shard_digests;  // per rank: data::shard_digest of its shard plan
+};
+
 struct CheckpointInfo {
   fs::path dir;
   TrainPosition position;
   std::string fingerprint;
+  CheckpointPlan plan;
 };
 
 // Writes a checkpoint for `position`, then removes every checkpoint of a later step (a history
 // this run left by resuming from an older one) and all but the newest `keep`.
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
-                         const std::string& fingerprint, const torch::nn::Module& model,
-                         const torch::optim::Optimizer& optimizer, int keep);
+                         const std::string& fingerprint, const CheckpointPlan& plan,
+                         const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                         int keep);
+
+// Whether `resume` may continue under `now`: the same plan always; another world size or shard
+// plan only from a checkpoint at an epoch boundary (batch_in_epoch 0; the new plan then starts
+// that epoch, and is logged). From a mid-epoch checkpoint that is a ConfigError (exit 2) naming
+// both world sizes: the batch number would name other examples, silently a different epoch.
+void check_resume_plan(const CheckpointInfo& resume, const CheckpointPlan& now);
 
 // The newest complete, undamaged checkpoint, or nullopt. Damaged ones are logged and skipped.
 std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir);

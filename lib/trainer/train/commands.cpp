@@ -188,6 +188,9 @@ int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
   });
   if (!job_dir.is_chief()) resume = latest_checkpoint(job_dir.checkpoints_dir());
   agree_on_resume(group, cluster, resume);
+  const CheckpointPlan checkpoint_plan{group.world_size(), plan.steps_per_epoch,
+                                       group.all_gather_strings(data::shard_digest(plan.shard))};
+  if (resume) check_resume_plan(*resume, checkpoint_plan);  // the same verdict on every rank
   const bool finished =
       resume &&
       (resume->position.epoch >= spec.train.epochs ||
@@ -209,8 +212,8 @@ int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
   }
 
   // 5. Train, export.
-  const TrainSummary summary =
-      train_job(spec, TrainContext{cluster, job_dir, plan, group, settings, budget, resume});
+  const TrainSummary summary = train_job(
+      spec, TrainContext{cluster, job_dir, plan, group, settings, budget, resume, checkpoint_plan});
   if (job_dir.is_chief()) {
     spdlog::info("model written to {}", job_dir.model_dir().string());
     std::printf("model: %s\n", job_dir.model_dir().string().c_str());

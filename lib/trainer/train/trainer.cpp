@@ -351,8 +351,8 @@ class ChiefWrites {
     agree(ctx_.group, ctx_.cluster, "writing a checkpoint", [&] {
       if (!ctx_.job_dir.is_chief()) return;
       const auto dir =
-          save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, *stepper_.net(),
-                          stepper_.optimizer(), spec_.checkpoint.keep);
+          save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan,
+                          *stepper_.net(), stepper_.optimizer(), spec_.checkpoint.keep);
       spdlog::info("checkpoint {}", dir.string());
     });
   }

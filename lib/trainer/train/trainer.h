@@ -37,6 +37,7 @@ struct TrainContext {
   ModelSettings settings;
   ThreadBudget budget;
   std::optional<CheckpointInfo> resume;
+  CheckpointPlan checkpoint_plan;  // recorded in every checkpoint's state.json
 };
 
 TrainSummary train_job(const config::JobSpec& spec, const TrainContext& context);

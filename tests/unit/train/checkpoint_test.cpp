@@ -15,6 +15,7 @@
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -41,7 +42,8 @@ struct Trained {
   std::unique_ptr<torch::optim::Optimizer> opt = make_optimizer(adam_spec(), net->parameters());
   Trained() { train_step(net, *opt, seeded_input({2, 3, 8, 8}, 3), torch::tensor({0, 2})); }
   fs::path save(const fs::path& dir, int64_t step, int keep = 10) {
-    return save_checkpoint(dir, {step / 10, step % 10, step}, "fingerprint-a", *net, *opt, keep);
+    return save_checkpoint(dir, {step / 10, step % 10, step}, "fingerprint-a", {}, *net, *opt,
+                           keep);
   }
 };
 
@@ -85,7 +87,8 @@ TEST_CASE("a restored checkpoint continues bit-identically (model, Adam state, R
   train_step(net, *opt, seeded_input({2, 3, 32, 32}, 11), y);
 
   const TrainPosition position{2, 3, 1};
-  const fs::path written = save_checkpoint(dir, position, "fingerprint-a", *net, *opt, 3);
+  const CheckpointPlan plan{2, 7, {"00000000000000aa", "00000000000000bb"}};
+  const fs::path written = save_checkpoint(dir, position, "fingerprint-a", plan, *net, *opt, 3);
   CHECK(written == dir / "ckpt-000000001");
   const torch::Tensor draw_after_save = torch::rand({8});
 
@@ -101,6 +104,9 @@ TEST_CASE("a restored checkpoint continues bit-identically (model, Adam state, R
   CHECK(latest->position.batch_in_epoch == 3);
   CHECK(latest->position.global_step == 1);
   CHECK(latest->fingerprint == "fingerprint-a");
+  CHECK(latest->plan.world_size == 2);
+  CHECK(latest->plan.steps_per_epoch == 7);
+  CHECK(latest->plan.shard_digests == plan.shard_digests);
   restore_checkpoint(*latest, *fresh, *fresh_opt);
 
   // RNG: the default CPU generator is back where it was when the checkpoint was written.
@@ -270,4 +276,32 @@ TEST_CASE("restore_checkpoint throws DataError for a damaged file", "[checkpoint
   SECTION("optimizer.pt") { write_bytes(latest->dir / "optimizer.pt", "not an archive"); }
   SECTION("model.safetensors") { write_bytes(latest->dir / "model.safetensors", "xx"); }
   CHECK_THROWS_AS(restore_checkpoint(*latest, *other, *other_opt), trainer::DataError);
+}
+
+TEST_CASE("check_resume_plan: another world size only from an epoch boundary",
+          "[train][checkpoint]") {
+  CheckpointInfo mid;
+  mid.dir = "job/checkpoints/ckpt-000000005";
+  mid.position = {1, 2, 5};  // epoch 2, after batch 2
+  mid.plan = {1, 3, {"aaaaaaaaaaaaaaaa"}};
+  const CheckpointPlan same = mid.plan;
+  const CheckpointPlan two{2, 2, {"bbbbbbbbbbbbbbbb", "cccccccccccccccc"}};
+  const CheckpointPlan reshard{1, 4, {"dddddddddddddddd"}};
+
+  CHECK_NOTHROW(check_resume_plan(mid, same));
+  CHECK_THROWS_AS(check_resume_plan(mid, two), trainer::ConfigError);
+  CHECK_THROWS_WITH(check_resume_plan(mid, two),
+                    Contains("ckpt-000000005") && Contains("middle of epoch 2") &&
+                        Contains("1 workers wrote it, this run has 2") &&
+                        Contains("Resume with 1 workers"));
+  CHECK_THROWS_WITH(check_resume_plan(mid, reshard), Contains("sharded differently"));
+
+  CheckpointInfo boundary = mid;
+  boundary.position = {2, 0, 6};
+  CHECK_NOTHROW(check_resume_plan(boundary, two));
+  CHECK_NOTHROW(check_resume_plan(boundary, reshard));
+
+  CheckpointInfo old = mid;  // a checkpoint from before plans were recorded
+  old.plan = {};
+  CHECK_NOTHROW(check_resume_plan(old, two));
 }
