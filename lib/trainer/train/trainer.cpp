@@ -487,7 +487,10 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
     meter.start_epoch(pos, spec.train.epochs, plan.steps_per_epoch);
     while (auto batch = meter.next_batch(train_loader)) {
-      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, pos.global_step, shape);
+      // The schedule's step is the position in this plan's epochs: the global step, unless the
+      // job resumed at an epoch boundary with another number of workers (check_resume_plan).
+      const int64_t schedule_step = pos.epoch * plan.steps_per_epoch + pos.batch_in_epoch;
+      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape);
       const StepResult r = stepper.step(*batch, lr);
       pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
       meter.end_step(pos, r, lr, stepper.sync_stats());
