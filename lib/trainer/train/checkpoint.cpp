@@ -1,11 +1,12 @@
 #include "trainer/train/checkpoint.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
+#include <cstdio>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -137,8 +138,20 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
   util::write_file_atomic(tmp_dir / "state.json", state.dump(2) + "\n");
 
   std::error_code ec;
-  fs::remove_all(final_dir, ec);  // a same-step checkpoint from an interrupted earlier run
-  fs::rename(tmp_dir, final_dir);
+  if (fs::exists(final_dir)) {
+    // A same-step checkpoint from an interrupted earlier run: swap the two directories in one
+    // step (renameat2 RENAME_EXCHANGE), so that a complete checkpoint of this step exists at
+    // every moment, then remove the old one, which now has the temp name. File systems without
+    // the exchange fall back to remove-then-rename.
+    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp_dir, ec);
+    } else {
+      fs::remove_all(final_dir);
+      fs::rename(tmp_dir, final_dir);
+    }
+  } else {
+    fs::rename(tmp_dir, final_dir);
+  }
   util::fsync_dir(checkpoints_dir);
 
   // Checkpoints newer than this one belong to a history this run has left (it resumed from an

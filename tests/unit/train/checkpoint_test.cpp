@@ -149,9 +149,11 @@ TEST_CASE("save_checkpoint keeps the newest `keep` checkpoints", "[checkpoint]")
   CHECK(entries(dir) == std::set<std::string>{"ckpt-000000040"});
   require_latest_step(dir, 40);
 
-  SECTION("saving the same step again replaces it") {
+  SECTION("saving the same step again replaces it, in one exchange") {
+    write_bytes(dir / "ckpt-000000040" / "left-by-the-old-run", "x");
     t.save(dir, 40, 2);
-    CHECK(entries(dir) == std::set<std::string>{"ckpt-000000040"});
+    CHECK(entries(dir) == std::set<std::string>{"ckpt-000000040"});           // no temp dir left
+    CHECK_FALSE(fs::exists(dir / "ckpt-000000040" / "left-by-the-old-run"));  // the new one
     require_latest_step(dir, 40);
   }
 }
