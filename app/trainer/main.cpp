@@ -128,6 +128,9 @@ int run(int argc, char** argv) {
   launch_cmd->add_option("--workers", launch_opts.workers, "Worker processes (1..64)")
       ->capture_default_str();
   launch_cmd->add_flag("--chief", launch_opts.chief, "Also start a chief task (rank 0)");
+  launch_cmd->add_flag("--evaluator", launch_opts.evaluator,
+                       "Also start an evaluator task: it evaluates every new checkpoint on the "
+                       "validation split into JOB_DIR/eval/metrics.jsonl");
   launch_cmd
       ->add_option("--base-port", launch_opts.base_port,
                    "First port (chief, then workers); 0 = pick free ports")

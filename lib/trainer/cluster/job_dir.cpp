@@ -7,8 +7,12 @@
 namespace trainer::cluster {
 
 JobDir::JobDir(fs::path root, const ClusterSpec& cluster)
-    : root_(std::move(root)), is_chief_(cluster.is_chief) {
-  write_dir_ = is_chief_ ? root_ : root_ / ("workertemp_" + std::to_string(cluster.task_index));
+    : root_(std::move(root)),
+      is_chief_(cluster.is_chief),
+      is_evaluator_(cluster.task_type == "evaluator") {
+  write_dir_ = is_chief_       ? root_
+               : is_evaluator_ ? root_ / "eval"
+                               : root_ / ("workertemp_" + std::to_string(cluster.task_index));
 }
 
 void JobDir::prepare() const {
@@ -24,7 +28,7 @@ void JobDir::prepare() const {
 }
 
 void JobDir::finish_clean() const {
-  if (is_chief_) return;
+  if (is_chief_ || is_evaluator_) return;
   std::error_code ec;
   fs::remove_all(write_dir_, ec);
 }

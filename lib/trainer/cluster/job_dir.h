@@ -1,6 +1,7 @@
 // The job directory layout and the one helper that decides where this process may write.
 // The chief owns JOB_DIR (job.yaml, metrics.jsonl, checkpoints/, model/); every other worker
-// writes only under JOB_DIR/workertemp_<task index>/, which it removes when it ends cleanly.
+// writes only under JOB_DIR/workertemp_<task index>/, which it removes when it ends cleanly; the
+// evaluator task owns JOB_DIR/eval/ (its metrics.jsonl and log), which it keeps.
 // Nothing else in the program checks the rank to decide a path. Not thread-safe to prepare();
 // the accessors are const.
 #pragma once
@@ -20,7 +21,8 @@ class JobDir {
   const fs::path& root() const { return root_; }
   bool is_chief() const { return is_chief_; }
 
-  // Where this process writes: the job dir itself on the chief, its workertemp_<i> elsewhere.
+  // Where this process writes: the job dir itself on the chief, eval/ on the evaluator, its
+  // workertemp_<i> on another worker.
   const fs::path& write_dir() const { return write_dir_; }
 
   fs::path job_yaml() const { return root_ / "job.yaml"; }
@@ -41,6 +43,7 @@ class JobDir {
   fs::path root_;
   fs::path write_dir_;
   bool is_chief_;
+  bool is_evaluator_;
 };
 
 }  // namespace trainer::cluster

@@ -47,7 +47,9 @@ std::string sys_error(const std::string& what) { return what + ": " + std::strer
 
 // ---- validation and the plan -------------------------------------------------------------------
 
-int process_count(const LaunchOptions& o) { return o.workers + (o.chief ? 1 : 0); }
+int process_count(const LaunchOptions& o) {
+  return o.workers + (o.chief ? 1 : 0) + (o.evaluator ? 1 : 0);
+}
 
 void validate(const LaunchOptions& o) {
   if (o.workers < 1 || o.workers > kMaxWorkers) {
@@ -429,7 +431,7 @@ int ms_until(Clock::time_point t) {
 }  // namespace
 
 std::string LaunchTask::name() const {
-  return type == "chief" ? type : type + " " + std::to_string(index);
+  return type == "chief" || type == "evaluator" ? type : type + " " + std::to_string(index);
 }
 
 std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports) {
@@ -450,6 +452,10 @@ std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vec
   for (int i = 0; i < options.workers; ++i) {
     tasks.push_back({"worker", i, format_address(options.host, ports[next++]), ""});
     cluster["worker"].push_back(tasks.back().address);
+  }
+  if (options.evaluator) {
+    tasks.push_back({"evaluator", 0, format_address(options.host, ports[next++]), ""});
+    cluster["evaluator"] = nlohmann::json::array({tasks.back().address});
   }
   for (auto& t : tasks) {
     t.tf_config =

@@ -16,8 +16,11 @@ namespace trainer::cluster {
 struct LaunchOptions {
   int workers = 2;     // worker processes, 1..64 (--workers)
   bool chief = false;  // also start a `chief` task (rank 0) besides the workers (--chief)
-  int base_port = 0;   // first port; the chief gets base_port, then the workers in order.
-                       // 0 = pick free ports on `host` (bind port 0, read it, close) (--base-port)
+  // Also start an `evaluator` task (TensorFlow's sidecar evaluator: it evaluates every new
+  // checkpoint on the validation split, outside the training group) (--evaluator).
+  bool evaluator = false;
+  int base_port = 0;  // first port; the chief gets base_port, then the workers in order.
+                      // 0 = pick free ports on `host` (bind port 0, read it, close) (--base-port)
   std::string host = "127.0.0.1";  // every task's host in TF_CONFIG
   std::string program;             // the binary to run; "" = this one (/proc/self/exe)
   std::vector<std::string> args;   // passed to every process (e.g. `--config c.yaml --job-dir d`)
@@ -46,7 +49,7 @@ struct LaunchTask {
   int index = 0;             // index within its type
   std::string address;       // host:port ("[::1]:port" for an IPv6 host)
   std::string tf_config;     // the TF_CONFIG value this process gets
-  std::string name() const;  // "chief", "worker 1": the line prefix without brackets
+  std::string name() const;  // "chief", "worker 1", "evaluator": the line prefix, no brackets
 };
 
 // The cluster `options` describe, given one port per process (chief first): every task's

@@ -173,6 +173,20 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
   return final_dir;
 }
 
+std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir) {
+  std::vector<CheckpointInfo> out;
+  for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
+    try {
+      out.push_back(verify(dir));
+    } catch (const std::exception& e) {
+      spdlog::debug("not (yet, or no longer) a complete checkpoint: {}: {}", dir.string(),
+                    e.what());
+    }
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir) {
   for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
     try {

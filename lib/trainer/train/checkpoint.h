@@ -56,6 +56,10 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
 // both world sizes: the batch number would name other examples, silently a different epoch.
 void check_resume_plan(const CheckpointInfo& resume, const CheckpointPlan& now);
 
+// Every complete checkpoint that verifies, oldest first (the damaged, and any deleted while being
+// read, are left out quietly: for a reader that polls, such as the evaluator task).
+std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir);
+
 // The newest complete, undamaged checkpoint, or nullopt. Damaged ones are logged and skipped.
 std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir);
 

@@ -18,6 +18,7 @@
 #include "trainer/train/evaluate.h"
 #include "trainer/train/model_dir.h"
 #include "trainer/train/runtime.h"
+#include "trainer/train/sidecar.h"
 #include "trainer/train/trainer.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
@@ -231,12 +232,11 @@ int run_train(const TrainOptions& options) {
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, options.epochs);
   const cluster::ClusterSpec cluster = cluster::cluster_from_env();
   const cluster::JobDir job_dir(options.job_dir, cluster);
-  if (cluster.task_type == "evaluator") {
-    spdlog::warn(
-        "TF_CONFIG names this task evaluator {}: side-car evaluation is not part of "
-        "training yet, so it has nothing to do",
-        cluster.task_index);
-    return 0;
+  if (cluster.task_type == "evaluator") {  // outside the training group: no rendezvous
+    job_dir.prepare();
+    util::setup_logging(spec.logging.level, job_dir.log_file().string());
+    util::install_stop_handlers();
+    return run_sidecar_evaluator(spec, cluster, job_dir);
   }
   job_dir.prepare();
   util::setup_logging(spec.logging.level, job_dir.log_file().string());

@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/cluster/cluster_spec.h"
+#include "trainer/cluster/job_dir.h"
 #include "trainer/cluster/launcher.h"
 #include "trainer/util/error.h"
 
@@ -148,6 +149,23 @@ TEST_CASE("plan_launch: chief at the base port, then the workers; one TF_CONFIG 
   o.host = "::1";
   o.workers = 1;
   CHECK(plan_launch(o, {7000})[0].address == "[::1]:7000");
+
+  // --evaluator: one more task, outside the training world, listed in every TF_CONFIG.
+  o.host = "127.0.0.1";
+  o.workers = 2;
+  o.evaluator = true;
+  const auto with_eval = plan_launch(o, {8000, 8001, 8002});
+  REQUIRE(with_eval.size() == 3);
+  CHECK(with_eval[2].name() == "evaluator");
+  const auto eval = parse_tf_config(with_eval[2].tf_config);
+  CHECK(eval.task_type == "evaluator");
+  CHECK(eval.rank == -1);
+  CHECK_FALSE(eval.is_chief);
+  CHECK(parse_tf_config(with_eval[0].tf_config).world_size == 2);  // not a training replica
+  CHECK_THAT(with_eval[0].tf_config, Contains(R"("evaluator":["127.0.0.1:8002"])"));
+  const trainer::cluster::JobDir job("job", eval);
+  CHECK(job.write_dir() == std::filesystem::path("job") / "eval");
+  CHECK(job.metrics_file() == std::filesystem::path("job") / "eval" / "metrics.jsonl");
 }
 
 TEST_CASE("plan_launch: bad options are usage errors naming the option") {
