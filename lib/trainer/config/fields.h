@@ -66,6 +66,8 @@ void visit(ModelSpec& s, V& v) {
     Field("torchvision-layout .safetensors to start from (\"\" = none)"));
   v("freeze_backbone", s.freeze_backbone, Field("train only the classifier (fc*)"));
   v("freeze_batchnorm", s.freeze_batchnorm, Field("BN layers stay in eval mode, statistics fixed"));
+  v("sync_batchnorm", s.sync_batchnorm,
+    Field("BN statistics in training over the global batch, not each replica's (SyncBatchNorm)"));
 }
 
 template <class V>

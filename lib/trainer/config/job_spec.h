@@ -42,6 +42,7 @@ struct ModelSpec {
   std::string pretrained;         // torchvision-layout .safetensors to start from ("" = none)
   bool freeze_backbone = false;   // train only the classifier (`fc*`)
   bool freeze_batchnorm = false;  // BN layers stay in eval mode, statistics fixed
+  bool sync_batchnorm = false;    // BN statistics in training over the global batch (SyncBN)
 };
 
 struct AugmentSpec {

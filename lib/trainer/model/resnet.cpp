@@ -22,9 +22,7 @@ nn::Conv2d conv1x1(int64_t in, int64_t out, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
 }
 
-nn::BatchNorm2d batch_norm(int64_t features) {
-  return nn::BatchNorm2d(nn::BatchNormOptions(features).eps(kBnEps).momentum(kBnMomentum));
-}
+BatchNorm batch_norm(int64_t features) { return BatchNorm(features, kBnEps, kBnMomentum); }
 
 // torchvision.models.resnet.BasicBlock (expansion 1).
 class BasicBlockImpl : public nn::Module {
@@ -50,10 +48,10 @@ class BasicBlockImpl : public nn::Module {
 
  private:
   nn::Conv2d conv1_;
-  nn::BatchNorm2d bn1_;
+  BatchNorm bn1_;
   nn::ReLU relu_;
   nn::Conv2d conv2_;
-  nn::BatchNorm2d bn2_;
+  BatchNorm bn2_;
   nn::Sequential downsample_{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -85,11 +83,11 @@ class BottleneckImpl : public nn::Module {
 
  private:
   nn::Conv2d conv1_;
-  nn::BatchNorm2d bn1_;
+  BatchNorm bn1_;
   nn::Conv2d conv2_;
-  nn::BatchNorm2d bn2_;
+  BatchNorm bn2_;
   nn::Conv2d conv3_;
-  nn::BatchNorm2d bn3_;
+  BatchNorm bn3_;
   nn::ReLU relu_;
   nn::Sequential downsample_{nullptr};
 };
@@ -184,7 +182,7 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
   apply([](nn::Module& module) {
     if (auto* conv = dynamic_cast<nn::Conv2dImpl*>(&module)) {
       nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(&module)) {
+    } else if (auto* bn = dynamic_cast<BatchNormImpl*>(&module)) {
       nn::init::ones_(bn->weight);
       nn::init::zeros_(bn->bias);
     }
@@ -229,8 +227,8 @@ bool is_classifier_key(const std::string& name) {
 
 void set_batchnorm_eval(torch::nn::Module& module) {
   module.apply([](nn::Module& m) {
-    if (dynamic_cast<nn::BatchNorm1dImpl*>(&m) || dynamic_cast<nn::BatchNorm2dImpl*>(&m) ||
-        dynamic_cast<nn::BatchNorm3dImpl*>(&m)) {
+    if (dynamic_cast<BatchNormImpl*>(&m) || dynamic_cast<nn::BatchNorm1dImpl*>(&m) ||
+        dynamic_cast<nn::BatchNorm2dImpl*>(&m) || dynamic_cast<nn::BatchNorm3dImpl*>(&m)) {
       m.eval();
     }
   });

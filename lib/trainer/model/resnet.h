@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/model/batch_norm.h"
+
 namespace trainer::model {
 
 struct ResNetOptions {
@@ -33,7 +35,7 @@ class ResNetImpl : public torch::nn::Module {
   int64_t feature_dim_ = 0;
   // Registered in torchvision's order and under its names (the state-dict order follows).
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  BatchNorm bn1_{nullptr};
   torch::nn::ReLU relu_{nullptr};
   torch::nn::MaxPool2d maxpool_{nullptr};
   torch::nn::Sequential layer1_{nullptr}, layer2_{nullptr}, layer3_{nullptr}, layer4_{nullptr};

@@ -131,6 +131,11 @@ nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterS
       {"precision", settings.bf16 ? "bf16" : "fp32"},
       {"precision_requested", spec.train.precision},
       {"memory_format", settings.channels_last ? "channels_last" : "nchw"},
+      // Which BatchNorm the job trains with: frozen (eval mode), sync (statistics over the
+      // global batch) or per-replica (each replica's own batch, as one process).
+      {"batchnorm", spec.model.freeze_batchnorm                           ? "frozen"
+                    : spec.model.sync_batchnorm && cluster.world_size > 1 ? "sync"
+                                                                          : "per-replica"},
       {"micro_batch_size", spec.train.micro_batch_size > 0 ? spec.train.micro_batch_size
                                                            : spec.train.per_replica_batch_size},
       {"threads",

@@ -132,6 +132,17 @@ struct StepResult {
 // and the gradient average: one training step (torchvision's train_one_epoch body). A batch whose
 // images were all corrupt (on_corrupt: skip) still takes part in the collectives, with no gradient,
 // so every replica stays in lock-step.
+// SyncBatchNorm's sums over the replicas, on the process group (blocking, in graph order: every
+// replica runs the same graph, so the collectives match up).
+class GroupStatsReducer : public model::StatsReducer {
+ public:
+  explicit GroupStatsReducer(dist::ProcessGroup& group) : group_(group) {}
+  void sum_(torch::Tensor& t) override { group_.all_reduce_sum({t}); }
+
+ private:
+  dist::ProcessGroup& group_;
+};
+
 class Stepper {
  public:
   Stepper(const config::JobSpec& spec, const TrainContext& ctx, model::ResNet net)
@@ -160,6 +171,12 @@ class Stepper {
     if (!spec_.model.freeze_batchnorm) o.averaged_buffers = bn_statistics(net_);
     o.stop_vote = [] { return util::stop_requested(); };
     sync_ = std::make_unique<dist::GradientSync>(group, params_, std::move(o));
+    if (distributed_ && spec_.model.sync_batchnorm && !spec_.model.freeze_batchnorm) {
+      bn_reducer_ = std::make_shared<GroupStatsReducer>(group);
+      model::set_batchnorm_reducer(*net_, bn_reducer_);
+      spdlog::info("model.sync_batchnorm: BN statistics over the global batch ({} replicas)",
+                   group.world_size());
+    }
     if (distributed_) {
       spdlog::info(
           "gradients: {} all-reduce buckets of about {} MB over {} ({} replicas){}",
@@ -218,6 +235,7 @@ class Stepper {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   std::unique_ptr<dist::GradientSync> sync_;
+  std::shared_ptr<model::StatsReducer> bn_reducer_;  // model.sync_batchnorm: the group's sum
 };
 
 // The per-step and per-epoch bookkeeping: timings, the wait for input, page faults and kernel

@@ -144,10 +144,10 @@ TEST_CASE("initialisation follows torchvision", "[resnet]") {
   // BN weight 1, bias 0, eps 1e-5 and momentum 0.1 as torchvision.
   bool saw_bn = false;
   net->apply([&](torch::nn::Module& m) {
-    if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m)) {
+    if (auto* bn = dynamic_cast<trainer::model::BatchNormImpl*>(&m)) {
       saw_bn = true;
-      CHECK(bn->options.eps() == 1e-5);
-      CHECK(bn->options.momentum().value() == 0.1);
+      CHECK(bn->eps() == 1e-5);
+      CHECK(bn->momentum() == 0.1);
       CHECK(torch::all(bn->weight == 1).item<bool>());
       CHECK(torch::all(bn->bias == 0).item<bool>());
     }
@@ -200,7 +200,7 @@ TEST_CASE("set_batchnorm_eval freezes statistics while the rest trains", "[resne
   CHECK(net->is_training());
   int bn_count = 0;
   net->apply([&](torch::nn::Module& m) {
-    if (dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m)) {
+    if (dynamic_cast<trainer::model::BatchNormImpl*>(&m)) {
       ++bn_count;
       CHECK_FALSE(m.is_training());
     } else {

@@ -1,0 +1,45 @@
+// BatchNorm2d that can compute its training-mode statistics over every replica (SyncBatchNorm,
+// as torch.nn.SyncBatchNorm and TF's SyncBatchNormalization): in forward one sum of the
+// per-channel sum, sum of squares and count, in backward one sum of the per-channel sums of the
+// gradient and of gradient x (x - mean). It is a torch::nn::BatchNorm2dImpl (the same parameters,
+// buffers and names, so checkpoints and torchvision state dicts are unchanged); without a
+// reducer, in eval mode, or with one replica it is exactly torch::nn::BatchNorm2d. The model
+// module does not know the process group: the trainer installs a StatsReducer. Not thread-safe
+// (a module).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+namespace trainer::model {
+
+// Sums a tensor in place over the replicas (every replica calls it in the same order).
+class StatsReducer {
+ public:
+  virtual ~StatsReducer() = default;
+  virtual void sum_(torch::Tensor& t) = 0;
+};
+
+class BatchNormImpl : public torch::nn::Module {
+ public:
+  BatchNormImpl(int64_t features, double eps, double momentum);
+  torch::Tensor forward(const torch::Tensor& input);
+  void set_reducer(std::shared_ptr<StatsReducer> reducer) { reducer_ = std::move(reducer); }
+  bool synced() const { return reducer_ != nullptr; }
+  double eps() const { return eps_; }
+  double momentum() const { return momentum_; }
+
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  double eps_;
+  double momentum_;
+  std::shared_ptr<StatsReducer> reducer_;
+};
+TORCH_MODULE(BatchNorm);
+
+// Installs `reducer` in every BatchNorm of `module` (nullptr: back to per-replica statistics).
+void set_batchnorm_reducer(torch::nn::Module& module, const std::shared_ptr<StatsReducer>& reducer);
+
+}  // namespace trainer::model

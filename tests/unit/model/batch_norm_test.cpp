@@ -1,0 +1,133 @@
+// model::BatchNorm: torch::nn::BatchNorm2d's names and values; with a StatsReducer (SyncBN) over
+// one replica it computes what plain BN computes (forward, backward, running statistics), and
+// over two simulated replicas (halves of one batch, summed by a shared reducer) what plain BN
+// computes on the whole batch.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "trainer/model/batch_norm.h"
+
+using namespace trainer::model;
+
+namespace {
+
+// One replica: the sum over replicas is the tensor itself.
+struct Alone : StatsReducer {
+  int calls = 0;
+  void sum_(torch::Tensor&) override { ++calls; }
+};
+
+double worst(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs() / b.abs().clamp_min(1e-3)).max().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("SyncBatchNorm over one replica equals BatchNorm2d: forward, backward, statistics",
+          "[model][syncbn]") {
+  torch::manual_seed(3);
+  const torch::Tensor x0 = torch::randn({4, 3, 5, 5}) * 2 + 1;
+  const torch::Tensor g = torch::randn({4, 3, 5, 5});
+  BatchNorm plain(3, 1e-5, 0.1), synced(3, 1e-5, 0.1);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto* bn : {&plain, &synced}) {
+      (*bn)->weight.copy_(torch::tensor({0.5f, 1.5f, -2.0f}));
+      (*bn)->bias.copy_(torch::tensor({0.1f, -0.2f, 0.3f}));
+    }
+  }
+  auto alone = std::make_shared<Alone>();
+  synced->set_reducer(alone);
+  plain->train();
+  synced->train();
+
+  torch::Tensor xa = x0.clone().requires_grad_(true);
+  torch::Tensor xb = x0.clone().requires_grad_(true);
+  const torch::Tensor ya = plain(xa);
+  const torch::Tensor yb = synced(xb);
+  CHECK(worst(yb, ya) < 1e-5);
+  (ya * g).sum().backward();
+  (yb * g).sum().backward();
+  CHECK(alone->calls == 2);  // one sum in forward, one in backward
+  CHECK(worst(xb.grad(), xa.grad()) < 1e-4);
+  CHECK(worst(synced->weight.grad(), plain->weight.grad()) < 1e-5);
+  CHECK(worst(synced->bias.grad(), plain->bias.grad()) < 1e-5);
+  CHECK(worst(synced->running_mean, plain->running_mean) < 1e-6);
+  CHECK(worst(synced->running_var, plain->running_var) < 1e-6);
+  CHECK(synced->num_batches_tracked.item<int64_t>() == 1);
+  CHECK(plain->num_batches_tracked.item<int64_t>() == 1);
+
+  // Eval mode: the running statistics, no reducer call.
+  synced->eval();
+  plain->eval();
+  CHECK(worst(synced(x0), plain(x0)) < 1e-5);
+  CHECK(alone->calls == 2);
+}
+
+namespace {
+
+// Two replicas as two threads: sum_ adds both threads' tensors and hands each the total.
+struct Pair {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<torch::Tensor> parts;
+  torch::Tensor total;
+  int round = 0;
+  int taken = 0;
+};
+
+struct PairReducer : StatsReducer {
+  explicit PairReducer(std::shared_ptr<Pair> p) : pair(std::move(p)) {}
+  void sum_(torch::Tensor& t) override {
+    std::unique_lock<std::mutex> lock(pair->m);
+    const int my_round = pair->round;
+    pair->parts.push_back(t.clone());
+    if (pair->parts.size() == 2) {
+      pair->total = pair->parts[0] + pair->parts[1];
+      pair->parts.clear();
+      ++pair->round;
+      pair->cv.notify_all();
+    } else {
+      pair->cv.wait(lock, [&] { return pair->round != my_round; });
+    }
+    t.copy_(pair->total);
+  }
+  std::shared_ptr<Pair> pair;
+};
+
+}  // namespace
+
+TEST_CASE("SyncBatchNorm over two replicas equals BatchNorm2d over the whole batch",
+          "[model][syncbn]") {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({8, 3, 4, 4}) * 3 - 1;
+  const torch::Tensor g = torch::randn({8, 3, 4, 4});
+  BatchNorm whole(3, 1e-5, 0.1);
+  whole->train();
+  torch::Tensor xw = x.clone().requires_grad_(true);
+  // The loss of the whole batch is the mean of the two halves' losses (as replicas average).
+  (whole(xw) * g).sum().backward();
+
+  auto pair = std::make_shared<Pair>();
+  BatchNorm half[2] = {BatchNorm(3, 1e-5, 0.1), BatchNorm(3, 1e-5, 0.1)};
+  torch::Tensor xs[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    half[r]->set_reducer(std::make_shared<PairReducer>(pair));
+    half[r]->train();
+    xs[r] = x.slice(0, 4 * r, 4 * r + 4).clone().requires_grad_(true);
+  }
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back(
+        [&, r] { (half[r](xs[r]) * g.slice(0, 4 * r, 4 * r + 4)).sum().backward(); });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(worst(torch::cat({xs[0].grad(), xs[1].grad()}), xw.grad()) < 1e-4);
+  CHECK(worst(half[0]->weight.grad() + half[1]->weight.grad(), whole->weight.grad()) < 1e-4);
+  CHECK(worst(half[0]->running_mean, whole->running_mean) < 1e-5);
+  CHECK(worst(half[1]->running_var, whole->running_var) < 1e-5);
+}
