@@ -193,3 +193,29 @@ TEST_CASE("launch --max-restarts never retries a config error", "[failures][laun
                         Contains("train.per_replica_batch_size"));
   CHECK_FALSE(Contains("restart 1 of").match(r.err));
 }
+
+TEST_CASE("a worker given a different data set stops every process with exit 2 naming it",
+          "[failures]") {
+  // The same job.yaml in two directories whose data/ differ (worker 1 sees fewer images): the
+  // spec is the same, the listing is not.
+  TempDir dir("other_data");
+  for (const auto* side : {"a", "b"}) fs::create_directories(dir / side);
+  make_dataset(dir / "a", "data", 4, 32);
+  make_dataset(dir / "b", "data", 3, 32);
+  const std::string job = (dir / "job").string();
+  for (const auto* side : {"a", "b"}) write_text(dir / side / "job.yaml", tiny_job_yaml(1));
+  const int port = free_port();
+  const std::string args = "--config job.yaml --job-dir " + job + std::string(kSlowTimeouts);
+  const auto start = Clock::now();
+  Background chief(dir / "a", args, {tf_config(2, false, port, "worker", 0)}, "w0");
+  Background worker(dir / "b", args, {tf_config(2, false, port, "worker", 1)}, "w1");
+  const Result c = chief.wait();
+  const Result w = worker.wait();
+  INFO("chief: " << c.err);
+  INFO("worker 1: " << w.err);
+  for (const Result* r : {&c, &w}) {
+    CHECK(r->code == 2);
+    CHECK_THAT(r->err, Contains("worker 1") && Contains("data.train"));
+  }
+  CHECK(seconds_since(start) < 60);
+}
