@@ -26,6 +26,9 @@ std::string seconds_text(double seconds);                // "2", "0.5"
 std::string address(const std::string& host, int port);  // "host:port", "[v6]:port"
 std::string plain_message(const std::exception& e);      // one line, no C++ backtrace
 
+// Set by the chief in the rendezvous store once every rank has joined (so it exists afterwards).
+inline constexpr const char* kReadyKey = "trainer/ready";
+
 }  // namespace detail
 
 struct ProcessGroup::Impl {
@@ -57,6 +60,15 @@ struct ProcessGroup::Impl {
   // The failure another rank published (leave_after_failure), as the PeerFailed to throw here;
   // nullopt when none was published or the store cannot be reached. Never throws.
   std::optional<PeerFailed> peer_failure();
+  // Bounds every store call of the failure paths to kFailureStoreTimeout, so that a chief whose
+  // host vanished (no connection reset) cannot hold a rank on its way out; restores the store's
+  // timeout on destruction. Hold store_mutex while it lives.
+  struct FailureStoreTimeout {
+    explicit FailureStoreTimeout(c10d::Store& store);
+    ~FailureStoreTimeout();
+    c10d::Store& store;
+    std::chrono::milliseconds saved;
+  };
 
   // Starts a collective: f() returns the c10d work. Refused once the group has failed.
   template <class Launch>

@@ -62,6 +62,7 @@ constexpr int64_t kChunkBytes = int64_t{64} << 20;  // flat buffers of all_reduc
 constexpr milliseconds kWaitSlice{200};             // how often a waiting rank checks signals
 constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, then give up
 constexpr milliseconds kPeerPoll{1000};  // how often a waiting rank looks for a peer's failure
+constexpr milliseconds kFailureStoreTimeout{5000};  // the longest a failure path waits on the store
 
 // Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
 const char* const kFailedKey = "trainer/failed";  // the rank of the newest report
@@ -206,10 +207,21 @@ void ProcessGroup::Impl::raise(const std::string& message) {
   throw DistributedError(message);
 }
 
+// c10d's TCPStore applies its timeout to the client socket (SO_RCVTIMEO) on each get(); a get of
+// a key that exists sets it to the short one at the cost of one round trip.
+ProcessGroup::Impl::FailureStoreTimeout::FailureStoreTimeout(c10d::Store& s)
+    : store(s), saved(s.getTimeout()) {
+  store.setTimeout(kFailureStoreTimeout);
+  store.get(detail::kReadyKey);
+}
+
+ProcessGroup::Impl::FailureStoreTimeout::~FailureStoreTimeout() { store.setTimeout(saved); }
+
 std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
   if (local() || !store) return std::nullopt;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
+    const FailureStoreTimeout bounded(*store);
     if (!store->check({kFailedKey})) return std::nullopt;
     const int rank = std::stoi(string_of(store->get(kFailedKey)));
     if (rank == opts.rank || !store->check({failure_key(rank)})) return std::nullopt;
@@ -237,6 +249,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
   if (s.local() || !s.store) return;
   try {
     std::lock_guard<std::mutex> lock(s.store_mutex);
+    const Impl::FailureStoreTimeout bounded(*s.store);
     if (mine) {
       const std::string record =
           std::to_string(static_cast<int>(mine->kind)) + "\n" + mine->task + "\n" + mine->message;
@@ -257,6 +270,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
   while (Clock::now() < deadline) {
     try {
       std::lock_guard<std::mutex> lock(s.store_mutex);
+      const Impl::FailureStoreTimeout bounded(*s.store);
       if (s.store->check(others)) return;
     } catch (const std::exception&) {
       return;

@@ -34,8 +34,8 @@ constexpr milliseconds kConnectAttempt{5000};        // one connection attempt t
 constexpr milliseconds kProbeBackoff{1000};          // longest pause between probes
 constexpr std::chrono::seconds kReportEvery{30};     // "still waiting" log lines
 const char* const kJoinedKey = "trainer/joined";     // count of ranks that joined
-const char* const kReadyKey = "trainer/ready";       // set by the chief once all joined
 const char* const kWorldKey = "trainer/world_size";  // the chief's world size
+using detail::kReadyKey;
 
 // Whether a TCP connection to host:port opens within `timeout`; else `error` says why. Quiet,
 // unlike c10d's own connect, which logs an error line for every failed attempt.
