@@ -107,10 +107,12 @@ CheckpointInfo verify(const fs::path& dir) {
 
 }  // namespace
 
-fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
-                         const std::string& fingerprint, const CheckpointPlan& plan,
-                         const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                         int keep) {
+namespace {
+
+fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
+                          const std::string& fingerprint, const CheckpointPlan& plan,
+                          const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                          int keep) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   const fs::path tmp_dir = fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp_dir);
@@ -171,6 +173,27 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& p
     }
   }
   return final_dir;
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
+                         const std::string& fingerprint, const CheckpointPlan& plan,
+                         const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                         int keep) {
+  const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
+  try {
+    return write_checkpoint(checkpoints_dir, position, fingerprint, plan, model, optimizer, keep);
+  } catch (...) {
+    const ErrorSummary why = describe_exception(std::current_exception());
+    if (why.kind != ErrorKind::kData) throw;
+    // A full disk, a read-only or vanished directory: say which checkpoint, drop its temp dir;
+    // the checkpoints written before it are untouched (they are only pruned after a success).
+    std::error_code ec;
+    fs::remove_all(fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid())), ec);
+    throw DataError("cannot write checkpoint '" + final_dir.string() + "': " + why.message +
+                    "; the checkpoints written before it are kept");
+  }
 }
 
 std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir) {

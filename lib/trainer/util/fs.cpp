@@ -14,15 +14,28 @@
 namespace trainer::util {
 
 namespace {
+// An I/O failure on a path is a data error (exit 3) that names the path and, for the usual
+// causes, says so in words.
 [[noreturn]] void fail(const std::string& what, const fs::path& path) {
-  throw Error(ErrorKind::kInternal, what + " '" + path.string() + "': " + std::strerror(errno));
+  const int err = errno;
+  std::string message = what + " '" + path.string() + "': " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) message += " (the disk is full)";
+  if (err == EROFS) message += " (the file system is read-only)";
+  throw DataError(message);
 }
 }  // namespace
 
 void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) fail("cannot open directory", dir);
-  ::fsync(fd);
+  // Some file systems cannot fsync a directory (EINVAL, ENOTSUP: e.g. FUSE mounts such as
+  // gcsfuse); that is not a failure of this write. Anything else (EIO) is.
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    fail("cannot fsync directory", dir);
+  }
   ::close(fd);
 }
 
@@ -44,12 +57,19 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  const bool synced = ::fsync(fd) == 0;
+  int err = errno;
+  const bool closed = ::close(fd) == 0;
+  if (synced && !closed) err = errno;
+  if (!synced || !closed) {
     ::unlink(tmp.c_str());
+    errno = err;
     fail("cannot flush", tmp);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
     ::unlink(tmp.c_str());
+    errno = err;
     fail("cannot rename into place", path);
   }
   fsync_dir(path.parent_path());

@@ -307,3 +307,26 @@ TEST_CASE("check_resume_plan: another world size only from an epoch boundary",
   old.plan = {};
   CHECK_NOTHROW(check_resume_plan(old, two));
 }
+
+TEST_CASE("a checkpoint that cannot be written is a data error naming it; older ones are kept",
+          "[train][checkpoint]") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  Trained t;
+  t.save(dir, 5);
+  // The checkpoints dir replaced by a file (root ignores permissions, a file does not).
+  const fs::path kept = tmp / "kept";
+  fs::rename(dir, kept);
+  write_bytes(dir, "not a directory");
+  try {
+    t.save(dir, 9);
+    FAIL("no error");
+  } catch (const trainer::DataError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("cannot write checkpoint") &&
+                                          Contains("ckpt-000000009") &&
+                                          Contains("checkpoints written before it are kept"));
+  }
+  fs::remove(dir);
+  fs::rename(kept, dir);
+  require_latest_step(dir, 5);
+}
