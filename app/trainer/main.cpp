@@ -20,6 +20,7 @@
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
+#include "trainer/util/signals.h"
 
 namespace {
 
@@ -195,6 +196,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   trainer::util::configure_allocator();  // before any large allocation
+  trainer::util::ignore_sigpipe();       // a dead peer's socket is an error, not a kill
   try {
     return run(argc, argv);
   } catch (...) {

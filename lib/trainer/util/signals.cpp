@@ -43,6 +43,13 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+void ignore_sigpipe() {
+  struct sigaction sa {};
+  sa.sa_handler = SIG_IGN;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPIPE, &sa, nullptr);
+}
+
 bool stop_requested() { return g_signal.load() != 0; }
 int stop_signal() { return g_signal.load(); }
 int stop_signals_received() { return g_count.load(); }

@@ -9,6 +9,11 @@
 namespace trainer::util {
 
 void install_stop_handlers();
+// SIGPIPE ignored for the whole process: a write to a socket or pipe whose reader is gone (a peer
+// that died mid-collective: Gloo writes with writev, which cannot say MSG_NOSIGNAL) then fails
+// with EPIPE, which is reported as a lost peer (exit 4), instead of killing this process with
+// 141. Python does the same at start-up, which is why PyTorch never sees it. Call once, early.
+void ignore_sigpipe();
 bool stop_requested();
 int stop_signal();            // the first signal that asked for the stop, 0 if none
 int stop_signals_received();  // how many have arrived

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 
 #include "trainer/util/signals.h"
@@ -30,4 +31,22 @@ TEST_CASE("stop signals: the first asks, the second is ignored, the third exits 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 143);
+}
+
+TEST_CASE("ignore_sigpipe: a write to a pipe with no reader fails with EPIPE, not a kill",
+          "[util][signals]") {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    util::ignore_sigpipe();
+    int fds[2];
+    if (::pipe(fds) != 0) ::_exit(10);
+    ::close(fds[0]);
+    const ssize_t n = ::write(fds[1], "x", 1);
+    ::_exit(n < 0 && errno == EPIPE ? 0 : 11);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));  // not killed by SIGPIPE (141)
+  CHECK(WEXITSTATUS(status) == 0);
 }
