@@ -7,7 +7,8 @@
 // that cannot be read (CRC mismatch, truncated file, the file changed since it was counted) comes
 // back with `error` set; after an unrecoverable error in a file, every later record of that file
 // does too. Anything else that goes wrong in the reader thread (std::bad_alloc, an I/O error
-// opening a file) ends it, and every take() from then on rethrows that exception. Thread-safe: start() from the loader's consumer thread, take() from any decode thread.
+// opening a file) ends it, and every take() from then on rethrows that exception. Thread-safe:
+// start() from the loader's consumer thread, take() from any decode thread.
 #pragma once
 
 #include <cstdint>
