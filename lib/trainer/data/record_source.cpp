@@ -231,8 +231,8 @@ nlohmann::json read_cache(const std::string& path) {
         j["files"].is_object()) {
       nlohmann::json files = nlohmann::json::object();
       for (const auto& [key, e] : j["files"].items()) {  // keep only well-formed entries
-        const auto is_int = [&e](const char* k) {
-          return e.contains(k) && e[k].is_number_integer();
+        const auto is_int = [&entry = e](const char* k) {
+          return entry.contains(k) && entry[k].is_number_integer();
         };
         if (e.is_object() && is_int("size") && is_int("mtime_ns") && is_int("records") &&
             e["records"].get<int64_t>() >= 0) {

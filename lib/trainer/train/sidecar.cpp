@@ -44,7 +44,7 @@ class Evaluator {
  public:
   Evaluator(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
             const cluster::JobDir& job_dir)
-      : spec_(spec), job_dir_(job_dir), settings_(model_settings(spec)) {
+      : job_dir_(job_dir), settings_(model_settings(spec)) {
     if (spec.data.validation.path.empty()) {
       throw ConfigError(
           "TF_CONFIG names this task evaluator, which evaluates every checkpoint on the "
@@ -150,7 +150,6 @@ class Evaluator {
                  counts.loss(), counts.accuracy());
   }
 
-  const config::JobSpec& spec_;
   const cluster::JobDir& job_dir_;
   ModelSettings settings_;
   DataPlan plan_;

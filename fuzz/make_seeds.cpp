@@ -1,0 +1,151 @@
+// Writes the seed corpus of every fuzz target into OUT/<target>/, from the project's own writers
+// (make-dataset's synthetic images and TFRecord shards, the Example builder, the job spec's YAML
+// writer, the launcher's TF_CONFIG, the safetensors encoder, the model exporter's model.json, a
+// real checkpoint's state.json), plus the job specs in configs/. Nothing is downloaded.
+// Usage: make_seeds OUT [CONFIGS_DIR]
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "trainer/cluster/launcher.h"
+#include "trainer/config/job_spec.h"
+#include "trainer/data/synthetic.h"
+#include "trainer/data/tf_example.h"
+#include "trainer/data/tfrecord.h"
+#include "trainer/model/safetensors.h"
+#include "trainer/train/checkpoint.h"
+#include "trainer/train/model_dir.h"
+#include "trainer/util/fs.h"
+
+using namespace trainer;
+namespace fs = std::filesystem;
+
+namespace {
+
+int counter = 0;
+
+void put(const fs::path& out, const std::string& target, const std::string& bytes) {
+  fs::create_directories(out / target);
+  util::write_file_atomic(out / target / ("seed-" + std::to_string(counter++)), bytes);
+}
+
+std::string read_all(const fs::path& path) { return util::read_file(path); }
+
+struct Small : torch::nn::Module {
+  Small() {
+    register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
+    register_module("bn1", torch::nn::BatchNorm2d(4));
+    register_module("fc", torch::nn::Linear(4, 2));
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: make_seeds OUT [CONFIGS_DIR]\n");
+    return 2;
+  }
+  const fs::path out = argv[1];
+  fs::remove_all(out);  // always the seeds of this build's writers
+  const fs::path work = out / ".work";
+  fs::create_directories(work);
+
+  // Images (JPEG as make-dataset writes them; PNG and BMP re-encoded by the same renderer) and
+  // the csv manifest over them.
+  data::SyntheticOptions images;
+  images.out_dir = (work / "jpeg").string();
+  images.classes = 3;
+  images.per_class = 2;
+  images.image_size = 24;
+  images.splits = {"train"};
+  data::make_synthetic_dataset(images);
+  std::string csv = "image_id,label\n";
+  for (const auto& entry : fs::recursive_directory_iterator(work / "jpeg")) {
+    if (!entry.is_regular_file()) continue;
+    const std::string jpeg = read_all(entry.path());
+    for (uint8_t mode : {0, 4, 8, 17, 29}) put(out, "image", std::string(1, char(mode)) + jpeg);
+    csv += fs::relative(entry.path(), work / "jpeg").string() + "," +
+           entry.path().parent_path().filename().string() + "\n";
+  }
+  put(out, "csv", csv);
+  put(out, "csv", "\xEF\xBB\xBF\"image_id\",\"label\"\r\n\"a,b.jpg\",0\r\n\"c\"\"d.jpg\",1\r\n");
+
+  // TFRecord shards (plain and gzip) of tf.train.Example records, as make-dataset writes them.
+  for (const char* compression : {"none", "gzip"}) {
+    data::SyntheticOptions records = images;
+    records.out_dir = (work / compression).string();
+    records.format = "tfrecord";
+    records.shards = 1;
+    records.per_class = 1;
+    records.compression = compression;
+    const data::SyntheticSummary summary = data::make_synthetic_dataset(records);
+    for (const std::string& file : summary.files) {
+      const char selector = compression == std::string("gzip") ? 1 : 0;
+      put(out, "tfrecord", std::string(1, selector) + read_all(file));
+      put(out, "tfrecord", std::string(1, 2) + read_all(file));  // auto
+      if (selector == 0) {
+        data::RecordReader reader(file, data::Compression::kNone);
+        std::string record;
+        while (reader.read(&record)) put(out, "example", record);
+      }
+    }
+  }
+  put(out, "example", data::make_image_example("jpegbytes", 3, "image", "target"));
+
+  // Job specs: the defaults as job.yaml holds them, the repository's configs, overrides.
+  const config::JobSpec defaults =
+      config::parse_job_spec("", {"data.train.path=data/train"}, "defaults");
+  put(out, "job_spec", config::to_yaml(defaults));
+  put(out, "job_spec",
+      "#set train.epochs=3\n#set data.train.path=[a.csv, b.csv]\nmodel:\n  arch: resnet18\n");
+  if (argc > 2 && fs::is_directory(argv[2])) {
+    for (const auto& entry : fs::directory_iterator(argv[2])) {
+      if (entry.path().extension() == ".yaml") put(out, "job_spec", read_all(entry.path()));
+    }
+  }
+
+  // TF_CONFIG as the launcher sets it (workers only; with a chief; with an evaluator).
+  for (const bool chief : {false, true}) {
+    cluster::LaunchOptions launch;
+    launch.workers = 2;
+    launch.chief = chief;
+    launch.evaluator = chief;
+    launch.args = {"--job-dir", "x"};
+    std::vector<int> ports;
+    for (int i = 0; i < launch.workers + (chief ? 2 : 0); ++i) ports.push_back(2222 + i);
+    for (const cluster::LaunchTask& task : cluster::plan_launch(launch, ports)) {
+      put(out, "tf_config", task.tf_config);
+    }
+  }
+  put(out, "tf_config",
+      R"({"cluster":{"master":["[::1]:2222"],"worker":["h1:2222"]},"task":{"type":"master","index":0}})");
+
+  // safetensors: a module's state dict (float, int64) with metadata, and the RNG state file.
+  Small small;
+  put(out, "safetensors", model::encode_safetensors(model::state_dict(small), {{"format", "pt"}}));
+  put(out, "safetensors",
+      model::encode_safetensors({{"x", torch::arange(6, torch::kBFloat16).reshape({2, 3})},
+                                 {"b", torch::ones({2}, torch::kBool)}}));
+
+  // model.json as the exporter writes it.
+  train::ModelInfo info;
+  info.arch = "resnet18";
+  info.num_classes = 3;
+  info.class_names = {"a", "b", "c"};
+  info.image_size = 32;
+  put(out, "model_json", info.to_json().dump(2) + "\n");
+
+  // state.json of a real checkpoint.
+  torch::optim::Adam adam(small.parameters());
+  const fs::path ckpt = train::save_checkpoint(work / "checkpoints", {1, 2, 7}, "f00d",
+                                               {2, 5, {"aa", "bb"}}, small, adam, 1);
+  put(out, "state_json", read_all(ckpt / "state.json"));
+
+  fs::remove_all(work);
+  std::printf("seeds in %s\n", out.c_str());
+  return 0;
+}
