@@ -59,9 +59,12 @@ void visit(ModelSpec& s, V& v) {
   v("num_classes", s.num_classes,
     Field("classifier outputs (auto = the number of classes in the data)")
         .at_least(0)
+        .at_most(kMaxClasses)
         .zero_means("auto"));
   v("head_hidden", s.head_hidden,
-    Field("0 = one fc; N = fc.0 Linear(N) + ReLU + fc.2 Linear(classes)").at_least(0));
+    Field("0 = one fc; N = fc.0 Linear(N) + ReLU + fc.2 Linear(classes)")
+        .at_least(0)
+        .at_most(kMaxHeadHidden));
   v("pretrained", s.pretrained,
     Field("torchvision-layout .safetensors to start from (\"\" = none)"));
   v("freeze_backbone", s.freeze_backbone, Field("train only the classifier (fc*)"));
@@ -90,7 +93,7 @@ void visit(DataSpec& s, V& v) {
   v("class_names", s.class_names, Field("class order ([] = from the train source)"));
   v.check("class_names", [&s] { return class_names_problem(s.class_names); });
   v("image_size", s.image_size,
-    Field("square side images are resized to (tutorial: 300)").at_least(16).at_most(4096));
+    Field("square side images are resized to (tutorial: 300)").at_least(16).at_most(kMaxImageSize));
   v("normalize", s.normalize,
     Field("unit = x/255 as the tutorial, imagenet = mean/std").one_of({"unit", "imagenet"}));
   v.section("augment", s.augment, "training-time augmentation");
@@ -102,16 +105,16 @@ void visit(DataSpec& s, V& v) {
         .at_most(256)
         .zero_means("auto"));
   v("prefetch_batches", s.prefetch_batches,
-    Field("batches decoded ahead of the model").at_least(1));
+    Field("batches decoded ahead of the model").at_least(1).at_most(64));
   v("on_corrupt", s.on_corrupt,
     Field("on an undecodable image; skip = count, log and go on").one_of({"fail", "skip"}));
   v("shard_policy", s.shard_policy,
     Field("how workers split the data (auto = file if enough even files, else data)")
         .one_of({"auto", "file", "data", "off"}));
   v("interleave", s.interleave,
-    Field("tfrecord: record files read at once (tf.data interleave)").at_least(1));
+    Field("tfrecord: record files read at once (tf.data interleave)").at_least(1).at_most(256));
   v("shuffle_buffer", s.shuffle_buffer,
-    Field("tfrecord: shuffle buffer in examples (tf.data shuffle)").at_least(1));
+    Field("tfrecord: shuffle buffer in examples (tf.data shuffle)").at_least(1).at_most(1000000));
   v("cache", s.cache,
     Field("memory = keep decoded, resized images after first use").one_of({"none", "memory"}));
   v("reduced_decode", s.reduced_decode,
@@ -145,9 +148,11 @@ void visit(LrScheduleSpec& s, V& v) {
 
 template <class V>
 void visit(TrainSpec& s, V& v) {
-  v("epochs", s.epochs, Field("passes over the training data").at_least(1));
+  v("epochs", s.epochs, Field("passes over the training data").at_least(1).at_most(1000000));
   v("per_replica_batch_size", s.per_replica_batch_size,
-    Field("examples per step per replica; global batch = this x replicas").at_least(1));
+    Field("examples per step per replica; global batch = this x replicas")
+        .at_least(1)
+        .at_most(4096));
   v.section("optimizer", s.optimizer, "the optimizer");
   v.section("lr_schedule", s.lr_schedule, "the learning-rate schedule");
   v.check("lr_schedule.warmup_epochs", [&s] {
@@ -199,9 +204,11 @@ void visit(DistributedSpec& s, V& v) {
   v("backend", s.backend,
     Field("collectives (auto = nccl on cuda, else gloo)").one_of({"auto", "gloo", "nccl"}));
   v("rendezvous_timeout_s", s.rendezvous_timeout_s,
-    Field("seconds workers wait for the chief at start").above(0));
-  v("timeout_s", s.timeout_s, Field("seconds before a collective fails (exit 4)").above(0));
-  v("bucket_mb", s.bucket_mb, Field("gradient all-reduce bucket size in MB").above(0));
+    Field("seconds workers wait for the chief at start").above(0).at_most(kMaxTimeoutS));
+  v("timeout_s", s.timeout_s,
+    Field("seconds before a collective fails (exit 4)").above(0).at_most(kMaxTimeoutS));
+  v("bucket_mb", s.bucket_mb,
+    Field("gradient all-reduce bucket size in MB").above(0).at_most(4096));
   v("interface", s.interface, Field("network interface for Gloo (\"\" = this task's host)"));
 }
 

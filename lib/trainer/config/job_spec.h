@@ -14,6 +14,13 @@
 
 namespace trainer::config {
 
+// Upper bounds of the fields whose value sizes memory (a model layer, an image, a wait), shared
+// with readers of files that carry the same values (model.json).
+inline constexpr int64_t kMaxClasses = 100000;     // model.num_classes
+inline constexpr int64_t kMaxHeadHidden = 65536;   // model.head_hidden
+inline constexpr int kMaxImageSize = 4096;         // data.image_size
+inline constexpr double kMaxTimeoutS = 7 * 86400;  // distributed.*timeout_s: a week
+
 // One place examples are listed from (data.train, data.validation).
 struct SourceSpec {
   std::string format = "imagefolder";  // imagefolder | csv | tfrecord

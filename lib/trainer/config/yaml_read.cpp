@@ -1,8 +1,12 @@
 // YAML text + --set overrides -> JobSpec, through the field table (see yaml_io.h).
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <set>
+#include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include "trainer/config/fields.h"
@@ -11,6 +15,62 @@
 
 namespace trainer::config::detail {
 namespace {
+
+// The largest job spec read (a real one is a few KB).
+constexpr size_t kMaxYamlBytes = size_t{1} << 20;
+
+// YAML text is Unicode made of printable characters (YAML 1.2, c-printable: tab, LF, CR, x20-x7E,
+// x85, xA0-xD7FF, xE000-xFFFD, x10000-x10FFFF) in UTF-8. Checked before yaml-cpp sees the text:
+// yaml-cpp 0.7 loops allocating until the process is killed on some invalid bytes (found by
+// fuzzing: ten 0xF2 bytes, then "arch:\x1frv, 2t36"). "" when fine, else what and where.
+std::string yaml_text_problem(const std::string& text) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  int line = 1;
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    const auto where = [&] {
+      return "line " + std::to_string(line) + " (byte " + std::to_string(i) + ")";
+    };
+    uint32_t cp = 0;
+    size_t len = 1;
+    if (c < 0x80) {
+      cp = c;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      cp = c & 0x1F;
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      cp = c & 0x0F;
+      len = 3;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      cp = c & 0x07;
+      len = 4;
+    } else {
+      return where() + ": not valid UTF-8";
+    }
+    if (i + len > n) return where() + ": not valid UTF-8 (a truncated sequence)";
+    for (size_t k = 1; k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) return where() + ": not valid UTF-8";
+      cp = (cp << 6) | (b[i + k] & 0x3F);
+    }
+    const bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return where() + ": not valid UTF-8";
+    }
+    const bool printable = cp == 0x09 || cp == 0x0A || cp == 0x0D || (cp >= 0x20 && cp <= 0x7E) ||
+                           cp == 0x85 || (cp >= 0xA0 && cp <= 0xD7FF) ||
+                           (cp >= 0xE000 && cp <= 0xFFFD) || cp >= 0x10000;
+    if (!printable && !(i == 0 && cp == 0xFEFF)) {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+      return where() + ": control character " + hex +
+             " (YAML allows only tab, line feed and carriage return)";
+    }
+    if (cp == 0x0A) ++line;
+    i += len;
+  }
+  return "";
+}
 
 std::string describe(const YAML::Node& n) {
   if (n.IsNull()) return "null";
@@ -208,6 +268,9 @@ Override parse_override(const std::string& text) {
   if (trim(value).empty()) {
     o.value = YAML::Node(std::string());  // `a.b=` = the empty string
   } else {
+    if (const std::string problem = yaml_text_problem(value); !problem.empty()) {
+      throw ConfigError(o.label + ": the value: " + problem);
+    }
     try {
       o.value = YAML::Load(value);
     } catch (const YAML::Exception& e) {
@@ -243,11 +306,66 @@ void apply(const Override& o, YAML::Node& root, Places& places) {
 
 }  // namespace
 
+// The number of YAML documents in `text`, counting up to 2. Throws ConfigError naming the
+// line when the parser stops making progress (the same document start twice).
+size_t count_documents(const std::string& text, Places& places) {
+  struct Counter : YAML::EventHandler {
+    size_t documents = 0;
+    int last_pos = -1;
+    std::string stuck;  // "line N" when a document started where the last one did
+    Places* places = nullptr;
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      if (mark.pos == last_pos && stuck.empty()) stuck = places->line(mark.line);
+      last_pos = mark.pos;
+      ++documents;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  } counter;
+  counter.places = &places;
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  while (counter.documents < 2 && parser.HandleNextDocument(counter)) {
+    if (!counter.stuck.empty()) {
+      throw ConfigError(counter.stuck +
+                        ": malformed YAML: unexpected ',' (or another flow "
+                        "indicator) where a document starts");
+    }
+  }
+  return counter.documents;
+}
+
 JobSpec read_yaml(const std::string& yaml_text, const std::vector<std::string>& overrides,
                   Places& places) {
+  if (yaml_text.size() > kMaxYamlBytes) {
+    throw ConfigError(places.origin() + ": " + std::to_string(yaml_text.size()) +
+                      " bytes, more than a job spec may have (" + std::to_string(kMaxYamlBytes) +
+                      ")");
+  }
+  if (const std::string problem = yaml_text_problem(yaml_text); !problem.empty()) {
+    throw ConfigError(places.origin() + ": " + problem);
+  }
   std::vector<YAML::Node> docs;
   try {
-    docs = YAML::LoadAll(yaml_text);
+    // Count the documents first, with a parser that stops on one that makes no progress:
+    // yaml-cpp 0.7's LoadAll() loops for ever, adding empty documents, on a stray ',' where a
+    // document starts (found by fuzzing: a job spec of "," grew until the process was killed).
+    const size_t count = count_documents(yaml_text, places);
+    if (count > 1) {
+      throw ConfigError(places.origin() +
+                        ": expected one YAML document, got more ('---' "
+                        "starts another)");
+    }
+    if (count == 1) docs.push_back(YAML::Load(yaml_text));
   } catch (const YAML::ParserException& e) {
     throw ConfigError(
         places.line(e.mark.line) + ": malformed YAML: " + e.msg +

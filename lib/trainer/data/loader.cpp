@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "trainer/data/tf_example.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
+#include "trainer/util/memory.h"
 #include "trainer/util/rng.h"
 
 namespace trainer::data {
@@ -126,6 +128,29 @@ struct Loader::Impl {
     batches = options.drop_last ? positions / options.batch_size
                                 : (positions + options.batch_size - 1) / options.batch_size;
     if (options.max_batches >= 0) batches = std::min(batches, options.max_batches);
+    if (options.cache) check_cache_fits();
+  }
+
+  // data.cache: memory keeps every example this process reads, resized to S x S x 3 bytes (and a
+  // tensor's bookkeeping): refuse at the start, saying how much, rather than swap or be killed
+  // by the OOM killer epochs later.
+  void check_cache_fits() const {
+    const int64_t side = options.preprocess.image_size;
+    const int64_t per_example = side * side * 3 + 512;
+    const int64_t needed =
+        std::min<int64_t>(positions, static_cast<int64_t>(examples.size())) * per_example;
+    const int64_t available = util::available_memory_bytes();
+    if (available < 0 || needed <= available * 8 / 10) return;
+    const auto gib = [](int64_t bytes) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+      return std::string(buf);
+    };
+    throw ConfigError("data.cache: memory needs about " + gib(needed) + " for the " +
+                      std::to_string(std::min<int64_t>(positions, examples.size())) +
+                      " examples this process reads at " + std::to_string(side) + " x " +
+                      std::to_string(side) + ", more than 80% of the " + gib(available) +
+                      " of memory available; use data.cache: none or a smaller data.image_size");
   }
 
   // The order of epoch `ep`, checked when it comes from options.order (its length against

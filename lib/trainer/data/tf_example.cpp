@@ -23,23 +23,41 @@ const char* kind_name(const tfproto::Feature& f) {
   return "an empty feature (no kind set)";
 }
 
-// "image, image_name, label" (sorted, so messages are stable)
+// Printable ASCII as is, other bytes as \xNN (keys come from files of other tools).
+std::string printable(const std::string& key) {
+  std::string out;
+  for (const unsigned char c : key.substr(0, 64)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+    }
+  }
+  return key.size() > 64 ? out + "..." : out;
+}
+
+// "image, image_name, label" (sorted and unique, so messages are stable; at most 20 keys)
 std::string key_list(const tfproto::Features& features) {
   std::vector<std::string> keys;
-  for (const auto& kv : features.feature()) keys.push_back(kv.first);
+  for (const auto& entry : features.feature()) keys.push_back(entry.key());
   std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
+  for (size_t i = 0; i < keys.size() && i < 20; ++i) {
+    out += (out.empty() ? "" : ", ") + printable(keys[i]);
+  }
+  if (keys.size() > 20) out += ", ... (" + std::to_string(keys.size()) + " in all)";
   return out.empty() ? "none" : out;
 }
 
 const tfproto::Feature& find_feature(const tfproto::Features& features, const std::string& key,
                                      const std::string& origin) {
-  const auto it = features.feature().find(key);
-  if (it == features.feature().end()) {
-    throw DataError(origin + ": no feature '" + key + "' (features: " + key_list(features) + ")");
+  const auto& entries = features.feature();
+  for (int i = entries.size() - 1; i >= 0; --i) {  // the last entry of a key wins, as in a map
+    if (entries.Get(i).key() == key) return entries.Get(i).value();
   }
-  return it->second;
+  throw DataError(origin + ": no feature '" + key + "' (features: " + key_list(features) + ")");
 }
 
 [[noreturn]] void wrong_kind(const tfproto::Feature& f, const std::string& key,
@@ -88,12 +106,15 @@ std::string make_image_example(
     const std::string& label_key,
     const std::vector<std::pair<std::string, std::string>>& extra_bytes) {
   tfproto::Example example;
-  auto& features = *example.mutable_features()->mutable_feature();
-  features[image_key].mutable_bytes_list()->add_value(image);
-  features[label_key].mutable_int64_list()->add_value(label);
-  for (const auto& [key, value] : extra_bytes) {
-    features[key].mutable_bytes_list()->add_value(value);
-  }
+  tfproto::Features& features = *example.mutable_features();
+  const auto add = [&features](const std::string& key) {
+    tfproto::FeatureEntry* entry = features.add_feature();
+    entry->set_key(key);
+    return entry->mutable_value();
+  };
+  add(image_key)->mutable_bytes_list()->add_value(image);
+  add(label_key)->mutable_int64_list()->add_value(label);
+  for (const auto& [key, value] : extra_bytes) add(key)->mutable_bytes_list()->add_value(value);
   std::string out;
   if (!example.SerializeToString(&out)) {
     throw Error(ErrorKind::kInternal, "cannot serialize a tf.train.Example");

@@ -404,8 +404,23 @@ bool RecordReader::read(std::string* data) {
   Impl& r = *impl_;
   uint64_t length = 0;
   if (!r.header(&length)) return false;
-  data->resize(length);
-  const uint64_t got = r.take(data->data(), length);
+  uint64_t got = 0;
+  if (!r.gzip) {  // the header check saw the bytes in the file: allocate once
+    data->resize(length);
+    got = r.take(data->data(), length);
+  } else {
+    // A gzip stream's length is unknown until inflated, so a corrupt or hostile header could
+    // claim up to kMaxRecordBytes: grow the record with the bytes that actually arrive.
+    data->clear();
+    while (got < length) {
+      const uint64_t want = std::min<uint64_t>(length - got, std::max<uint64_t>(got, 1u << 20));
+      data->resize(got + want);
+      const uint64_t n = r.take(data->data() + got, want);
+      got += n;
+      if (n < want) break;
+    }
+    data->resize(got);
+  }
   char footer[kFooterBytes];
   const uint64_t got_footer = got == length ? r.take(footer, kFooterBytes) : 0;
   if (got_footer < kFooterBytes) {

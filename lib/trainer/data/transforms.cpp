@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "trainer/util/error.h"
@@ -36,7 +38,12 @@ size_t find_last_marker(const std::string& bytes, unsigned char marker) {
 
 void init_opencv_threads() {
   static std::once_flag once;
-  std::call_once(once, [] { cv::setNumThreads(0); });
+  std::call_once(once, [] {
+    cv::setNumThreads(0);
+    // OpenCV's own bound on a decoded image (read once, at the first decode; 2^30 pixels by
+    // default, a 3 GiB buffer) made ours, for formats whose header decode_bgr cannot read.
+    ::setenv("OPENCV_IO_MAX_IMAGE_PIXELS", std::to_string(kMaxImagePixels).c_str(), 0);
+  });
 }
 
 bool looks_like_jpeg(const std::string& bytes) {
@@ -92,6 +99,51 @@ bool jpeg_size(const std::string& bytes, int* width, int* height) {
   return false;
 }
 
+namespace {
+
+uint32_t be32(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+int32_t le32(const unsigned char* p) {
+  return static_cast<int32_t>(uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) |
+                              (uint32_t{p[3]} << 24));
+}
+
+}  // namespace
+
+bool image_header_size(const std::string& bytes, int* width, int* height) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  if (looks_like_jpeg(bytes)) return jpeg_size(bytes, width, height);
+  if (n >= 24 && std::memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0 &&
+      std::memcmp(b + 12, "IHDR", 4) == 0) {
+    const uint32_t w = be32(b + 16);
+    const uint32_t h = be32(b + 20);
+    if (w == 0 || h == 0 || w > 0x7fffffffu || h > 0x7fffffffu) return false;
+    *width = static_cast<int>(w);
+    *height = static_cast<int>(h);
+    return true;
+  }
+  if (n >= 26 && b[0] == 'B' && b[1] == 'M') {
+    const uint32_t info_size = static_cast<uint32_t>(le32(b + 14));
+    int64_t w = 0;
+    int64_t h = 0;
+    if (info_size == 12) {  // OS/2 BITMAPCOREHEADER: 16-bit sizes
+      w = b[18] | (b[19] << 8);
+      h = b[20] | (b[21] << 8);
+    } else {
+      w = le32(b + 18);
+      h = le32(b + 22);
+      if (h < 0) h = -h;  // top-down rows
+    }
+    if (w <= 0 || h <= 0 || w > 0x7fffffff || h > 0x7fffffff) return false;
+    *width = static_cast<int>(w);
+    *height = static_cast<int>(h);
+    return true;
+  }
+  return false;
+}
+
 int jpeg_reduction_for(const std::string& bytes, int min_side) {
   int w = 0;
   int h = 0;
@@ -110,6 +162,16 @@ cv::Mat decode_bgr(const std::string& bytes, const std::string& origin, int redu
     throw DataError(where +
                     "truncated JPEG (no end-of-image marker FF D9); hint: re-download or "
                     "re-encode the file");
+  }
+  int width = 0;
+  int height = 0;
+  if (!image_header_size(bytes, &width, &height)) {
+    throw DataError(where + "not a JPEG, PNG or BMP image (or its header is damaged)");
+  }
+  if (static_cast<int64_t>(width) * height > kMaxImagePixels) {
+    throw DataError(where + "the image is " + std::to_string(width) + " x " +
+                    std::to_string(height) + " pixels, more than the limit of " +
+                    std::to_string(kMaxImagePixels) + " pixels");
   }
   const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));
   cv::Mat image;

@@ -31,6 +31,14 @@ bool jpeg_is_truncated(const std::string& bytes);
 // decode. Throws DataError naming `origin` for empty, truncated or undecodable data.
 cv::Mat decode_bgr(const std::string& bytes, const std::string& origin, int reduction = 1);
 
+// The most pixels an image may have (8192 x 8192: a 192 MiB BGR buffer); a bigger one is a
+// DataError before anything is allocated for it.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
+
+// Width and height from the header of a JPEG (frame header), PNG (IHDR) or BMP, the formats
+// decode_bgr accepts; false for anything else or a header it cannot read.
+bool image_header_size(const std::string& bytes, int* width, int* height);
+
 // Width and height from a JPEG's frame header (SOFn), without decoding; false when `bytes` is
 // not a JPEG or has no readable frame header.
 bool jpeg_size(const std::string& bytes, int* width, int* height);

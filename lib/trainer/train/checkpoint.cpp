@@ -64,27 +64,31 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
-// Parses and verifies one checkpoint; throws DataError describing the damage.
+// Parses and verifies one checkpoint (json exceptions escape; verify_checkpoint wraps them).
 CheckpointInfo verify(const fs::path& dir) {
   const fs::path state_path = dir / "state.json";
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(util::read_file(state_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError("'" + state_path.string() + "': not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json state = nlohmann::json::parse(util::read_file(state_path));
+  if (!state.is_object()) throw DataError("'" + state_path.string() + "': not a JSON object");
   if (state.value("format_version", 0) != kCheckpointFormatVersion) {
     throw DataError("'" + state_path.string() + "': format_version " +
                     state.value("format_version", nlohmann::json()).dump() + ", expected " +
                     std::to_string(kCheckpointFormatVersion));
   }
   const nlohmann::json& files = state.at("files");
+  if (!files.is_object()) throw DataError("'" + state_path.string() + "': files: not an object");
   for (const char* required : kFiles) {
     if (!files.contains(required)) {
       throw DataError("'" + state_path.string() + "': lists no '" + required + "'");
     }
   }
   for (const auto& [name, meta] : files.items()) {
+    // Only the checkpoint's own files: a name is never a path out of the directory (a hostile
+    // "../x" or "/dev/zero" would read what it names).
+    if (std::find_if(std::begin(kFiles), std::end(kFiles),
+                     [&name = name](const char* f) { return name == f; }) == std::end(kFiles)) {
+      throw DataError("'" + state_path.string() + "': lists an unexpected file '" + name +
+                      "' (expected only model.safetensors, optimizer.pt, rng.safetensors)");
+    }
     const std::string bytes = util::read_file(dir / name);
     if (bytes.size() != meta.at("size").get<size_t>() ||
         util::crc32(bytes.data(), bytes.size()) != meta.at("crc32").get<uint32_t>()) {
@@ -102,10 +106,25 @@ CheckpointInfo verify(const fs::path& dir) {
     info.plan.steps_per_epoch = state.at("steps_per_epoch").get<int64_t>();
     info.plan.shard_digests = state.at("shard_digests").get<std::vector<std::string>>();
   }
+  const TrainPosition& p = info.position;
+  if (p.epoch < 0 || p.batch_in_epoch < 0 || p.global_step < 0 || info.plan.world_size < 0 ||
+      info.plan.steps_per_epoch < 0) {
+    throw DataError("'" + state_path.string() + "': a negative epoch, batch, step or size");
+  }
   return info;
 }
 
 }  // namespace
+
+CheckpointInfo verify_checkpoint(const fs::path& dir) {
+  try {
+    return verify(dir);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw DataError("'" + (dir / "state.json").string() + "': not valid JSON (" + e.what() + ")");
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("'" + (dir / "state.json").string() + "': " + e.what());
+  }
+}
 
 namespace {
 
@@ -200,7 +219,7 @@ std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir
   std::vector<CheckpointInfo> out;
   for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
     try {
-      out.push_back(verify(dir));
+      out.push_back(verify_checkpoint(dir));
     } catch (const std::exception& e) {
       spdlog::debug("not (yet, or no longer) a complete checkpoint: {}: {}", dir.string(),
                     e.what());
@@ -213,7 +232,7 @@ std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir
 std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir) {
   for (const auto& [step, dir] : list_checkpoints(checkpoints_dir)) {
     try {
-      return verify(dir);
+      return verify_checkpoint(dir);
     } catch (const std::exception& e) {
       spdlog::warn("skipping damaged checkpoint {}: {}", dir.string(), e.what());
     }

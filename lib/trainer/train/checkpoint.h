@@ -43,6 +43,11 @@ struct CheckpointInfo {
   CheckpointPlan plan;
 };
 
+// Reads one checkpoint directory's state.json and checks every file it lists (size and CRC).
+// Throws DataError naming the file and the damage (bad JSON, a missing or mistyped field, a
+// file that is missing, differs, or is not one of the checkpoint's own).
+CheckpointInfo verify_checkpoint(const fs::path& dir);
+
 // Writes a checkpoint for `position`, then removes every checkpoint of a later step (a history
 // this run left by resuming from an older one) and all but the newest `keep`.
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,

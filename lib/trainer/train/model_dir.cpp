@@ -1,5 +1,8 @@
 #include "trainer/train/model_dir.h"
 
+#include <algorithm>
+
+#include "trainer/config/job_spec.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
@@ -32,14 +35,8 @@ void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo
   util::write_file_atomic(dir / "model.json", info.to_json().dump(2) + "\n");
 }
 
-LoadedModel load_model_dir(const fs::path& dir) {
-  const fs::path json_path = dir / "model.json";
-  if (!fs::is_regular_file(json_path)) {
-    throw UsageError("--model '" + dir.string() +
-                     "': not a model directory (no model.json); expected JOB_DIR/model as "
-                     "written by `trainer train`");
-  }
-  LoadedModel out;
+ModelInfo read_model_info(const fs::path& json_path) {
+  ModelInfo info;
   try {
     const auto j = nlohmann::json::parse(util::read_file(json_path));
     if (j.at("format_version").get<int>() != kModelFormatVersion) {
@@ -47,7 +44,7 @@ LoadedModel load_model_dir(const fs::path& dir) {
                       j.at("format_version").dump() + ", expected " +
                       std::to_string(kModelFormatVersion));
     }
-    ModelInfo& i = out.info;
+    ModelInfo& i = info;
     i.arch = j.at("arch").get<std::string>();
     i.num_classes = j.at("num_classes").get<int64_t>();
     i.head_hidden = j.at("head_hidden").get<int64_t>();
@@ -68,17 +65,41 @@ LoadedModel load_model_dir(const fs::path& dir) {
     return DataError("'" + json_path.string() + "': " + field + ": unexpected value '" + value +
                      "'");
   };
-  if (out.info.image_size < 1) throw bad_field("image_size", std::to_string(out.info.image_size));
-  if (out.info.normalize != "unit" && out.info.normalize != "imagenet") {
-    throw bad_field("normalize", out.info.normalize);
+  if (info.image_size < 1 || info.image_size > config::kMaxImageSize) {
+    throw bad_field("image_size", std::to_string(info.image_size));
   }
-  if (out.info.precision != "fp32" && out.info.precision != "bf16") {
-    throw bad_field("precision", out.info.precision);
+  if (info.num_classes < 1 || info.num_classes > config::kMaxClasses) {
+    throw bad_field("num_classes", std::to_string(info.num_classes));
   }
-  if (static_cast<int64_t>(out.info.class_names.size()) != out.info.num_classes) {
-    throw DataError("'" + json_path.string() + "': " + std::to_string(out.info.class_names.size()) +
-                    " class_names for num_classes " + std::to_string(out.info.num_classes));
+  if (info.head_hidden < 0 || info.head_hidden > config::kMaxHeadHidden) {
+    throw bad_field("head_hidden", std::to_string(info.head_hidden));
   }
+  const auto& archs = model::supported_archs();
+  if (std::find(archs.begin(), archs.end(), info.arch) == archs.end()) {
+    throw bad_field("arch", info.arch);
+  }
+  if (info.normalize != "unit" && info.normalize != "imagenet") {
+    throw bad_field("normalize", info.normalize);
+  }
+  if (info.precision != "fp32" && info.precision != "bf16") {
+    throw bad_field("precision", info.precision);
+  }
+  if (static_cast<int64_t>(info.class_names.size()) != info.num_classes) {
+    throw DataError("'" + json_path.string() + "': " + std::to_string(info.class_names.size()) +
+                    " class_names for num_classes " + std::to_string(info.num_classes));
+  }
+  return info;
+}
+
+LoadedModel load_model_dir(const fs::path& dir) {
+  const fs::path json_path = dir / "model.json";
+  if (!fs::is_regular_file(json_path)) {
+    throw UsageError("--model '" + dir.string() +
+                     "': not a model directory (no model.json); expected JOB_DIR/model as "
+                     "written by `trainer train`");
+  }
+  LoadedModel out;
+  out.info = read_model_info(json_path);
   try {
     out.net = model::make_resnet({out.info.arch, out.info.num_classes, out.info.head_hidden});
   } catch (const Error& e) {

@@ -42,6 +42,10 @@ struct LoadedModel {
   ModelInfo info;
 };
 
+// Reads and checks model.json (the first step of load_model_dir; no network is built). Throws
+// DataError naming the file and the field that is missing, of the wrong type or out of range.
+ModelInfo read_model_info(const std::filesystem::path& json_path);
+
 // Reads a model directory. Throws UsageError when `dir` is not a model directory, DataError
 // when its files are damaged or disagree.
 LoadedModel load_model_dir(const std::filesystem::path& dir);

@@ -3,9 +3,12 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <fstream>
 #include <mutex>
+#include <string>
 
 // Present when the binary links jemalloc (weak: null otherwise, e.g. in the unit tests).
 extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen)
@@ -79,6 +82,42 @@ ResourceUsage operator-(const ResourceUsage& b, const ResourceUsage& a) {
   d.sys_s = b.sys_s - a.sys_s;
   d.max_rss_kb = b.max_rss_kb;
   return d;
+}
+
+namespace {
+
+// The first integer in a file, or -1 (missing, "max", unreadable).
+int64_t read_number(const char* path) {
+  std::ifstream in(path);
+  long long v = -1;
+  if (!(in >> v)) return -1;
+  return v;
+}
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  int64_t available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    long long kb = 0;
+    if (!(meminfo >> kb)) break;
+    if (key == "MemAvailable:") {
+      available = static_cast<int64_t>(kb) * 1024;
+      break;
+    }
+    meminfo.ignore(64, '\n');
+  }
+  const auto lower = [&available](int64_t limit, int64_t used) {
+    // "No limit" reads as max or a huge page-rounded number.
+    if (limit <= 0 || limit >= (int64_t{1} << 60) || used < 0) return;
+    const int64_t left = std::max<int64_t>(0, limit - used);
+    available = available < 0 ? left : std::min(available, left);
+  };
+  lower(read_number("/sys/fs/cgroup/memory.max"), read_number("/sys/fs/cgroup/memory.current"));
+  lower(read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+        read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
+  return available;
 }
 
 }  // namespace trainer::util

@@ -38,4 +38,9 @@ ResourceUsage resource_usage();
 // b - a for the counters (max_rss_kb: b's).
 ResourceUsage operator-(const ResourceUsage& b, const ResourceUsage& a);
 
+// Memory this process can still take: /proc/meminfo's MemAvailable, lowered to the cgroup's
+// limit minus its usage when the process runs in a cgroup with a limit (v2 memory.max, v1
+// memory.limit_in_bytes: a container). -1 when neither can be read.
+int64_t available_memory_bytes();
+
 }  // namespace trainer::util

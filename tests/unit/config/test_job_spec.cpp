@@ -50,6 +50,41 @@ struct Bad {
 };
 
 const std::vector<Bad> kBad = {
+    // --- upper bounds of the fields that size memory or a wait (each says its bound) -------
+    {"prefetch too deep",
+     "",
+     {"data.prefetch_batches=65"},
+     false,
+     {"data.prefetch_batches", "65", "64"}},
+    {"interleave too wide", "", {"data.interleave=100000"}, false, {"data.interleave", "256"}},
+    {"shuffle buffer too big",
+     "",
+     {"data.shuffle_buffer=2000000"},
+     false,
+     {"data.shuffle_buffer", "1000000"}},
+    {"num_workers too many", "", {"data.num_workers=300"}, false, {"data.num_workers", "256"}},
+    {"image too big", "", {"data.image_size=5000"}, false, {"data.image_size", "4096"}},
+    {"batch too big",
+     "",
+     {"train.per_replica_batch_size=100000"},
+     false,
+     {"train.per_replica_batch_size", "4096"}},
+    {"classes too many",
+     "",
+     {"model.num_classes=1000000000"},
+     false,
+     {"model.num_classes", "100000"}},
+    {"head too wide", "", {"model.head_hidden=1000000000"}, false, {"model.head_hidden", "65536"}},
+    {"timeout beyond a week",
+     "",
+     {"distributed.timeout_s=1e300"},
+     false,
+     {"distributed.timeout_s", "604800"}},
+    {"rendezvous timeout beyond a week",
+     "",
+     {"distributed.rendezvous_timeout_s=1e12"},
+     false,
+     {"distributed.rendezvous_timeout_s", "604800"}},
     // --- unknown keys, with and without a hint ---------------------------------------------
     {"unknown top-level key",
      "modle:\n  arch: resnet18\n",
@@ -186,22 +221,22 @@ const std::vector<Bad> kBad = {
      "model:\n  num_classes: 0\n",
      {},
      false,
-     {"job.yaml:2: model.num_classes: expected auto or a positive integer, got '0'"}},
+     {"job.yaml:2: model.num_classes: expected auto or an integer in [1, 100000], got '0'"}},
     {"num_classes negative",
      "model:\n  num_classes: -3\n",
      {},
      false,
-     {"job.yaml:2: model.num_classes: expected auto or a positive integer, got '-3'"}},
+     {"job.yaml:2: model.num_classes: expected auto or an integer in [1, 100000], got '-3'"}},
     {"num_classes word",
      "model:\n  num_classes: many\n",
      {},
      false,
-     {"job.yaml:2: model.num_classes: expected auto or a positive integer, got 'many'"}},
+     {"job.yaml:2: model.num_classes: expected auto or an integer in [1, 100000], got 'many'"}},
     {"head_hidden negative",
      "model:\n  head_hidden: -1\n",
      {},
      false,
-     {"job.yaml:2: model.head_hidden: expected a non-negative integer, got '-1'"}},
+     {"job.yaml:2: model.head_hidden: expected an integer in [0, 65536], got '-1'"}},
     {"image_size small",
      "data:\n  image_size: 8\n",
      {},
@@ -237,17 +272,17 @@ const std::vector<Bad> kBad = {
      "data:\n  prefetch_batches: 0\n",
      {},
      false,
-     {"job.yaml:2: data.prefetch_batches: expected a positive integer, got '0'"}},
+     {"job.yaml:2: data.prefetch_batches: expected an integer in [1, 64], got '0'"}},
     {"epochs 0",
      "train:\n  epochs: 0\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got '0'"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got '0'"}},
     {"batch 0",
      "train:\n  per_replica_batch_size: 0\n",
      {},
      false,
-     {"job.yaml:2: train.per_replica_batch_size: expected a positive integer, got '0'"}},
+     {"job.yaml:2: train.per_replica_batch_size: expected an integer in [1, 4096], got '0'"}},
     {"learning_rate 0",
      "train:\n  optimizer:\n    learning_rate: 0\n",
      {},
@@ -367,17 +402,17 @@ const std::vector<Bad> kBad = {
      "train:\n  epochs: five\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got 'five'"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got 'five'"}},
     {"fraction for int",
      "train:\n  epochs: 2.5\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got '2.5'"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got '2.5'"}},
     {"int overflow",
      "train:\n  epochs: 99999999999\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got '99999999999'"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got '99999999999'"}},
     {"int64 overflow",
      "train:\n  seed: 99999999999999999999\n",
      {},
@@ -387,17 +422,17 @@ const std::vector<Bad> kBad = {
      "train:\n  epochs: [1, 2]\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got a list"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got a list"}},
     {"map for int",
      "train:\n  epochs: {n: 1}\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got a mapping"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got a mapping"}},
     {"null for int",
      "train:\n  epochs:\n",
      {},
      false,
-     {"job.yaml:2: train.epochs: expected a positive integer, got null"}},
+     {"job.yaml:2: train.epochs: expected an integer in [1, 1000000], got null"}},
     {"word for number",
      "train:\n  optimizer:\n    learning_rate: fast\n",
      {},
@@ -456,7 +491,7 @@ const std::vector<Bad> kBad = {
      "model: {}\n---\ndata: {}\n",
      {},
      true,
-     {"job.yaml: expected one YAML document, got 2"}},
+     {"job.yaml: expected one YAML document, got more"}},
     {"list as a key", "? [a, b]\n: 1\n", {}, true, {"job.yaml:1:", "expected field names"}},
 
     // --- malformed YAML -----------------------------------------------------------------------
@@ -494,7 +529,7 @@ const std::vector<Bad> kBad = {
      "",
      {"train.epochs=five"},
      false,
-     {"--set 'train.epochs=five': train.epochs: expected a positive integer, got 'five'"}},
+     {"--set 'train.epochs=five': train.epochs: expected an integer in [1, 1000000], got 'five'"}},
     {"override below a scalar",
      "",
      {"data.train.path.x=1"},
@@ -504,7 +539,7 @@ const std::vector<Bad> kBad = {
      "train:\n  epochs: 3\n",
      {"train.epochs=0"},
      false,
-     {"--set 'train.epochs=0': train.epochs: expected a positive integer, got '0'"}},
+     {"--set 'train.epochs=0': train.epochs: expected an integer in [1, 1000000], got '0'"}},
 };
 
 }  // namespace
@@ -734,8 +769,9 @@ TEST_CASE("load_job_spec reads a file and names it in errors", "[config]") {
   const JobSpec s = trainer::config::load_job_spec(good.string(), {"train.seed=3"});
   CHECK(s.train.epochs == 2);
   CHECK(s.train.seed == 3);
-  CHECK_THROWS_WITH(trainer::config::load_job_spec(bad.string(), {}),
-                    Contains(bad.string() + ":5: train.epochs: expected a positive integer"));
+  CHECK_THROWS_WITH(
+      trainer::config::load_job_spec(bad.string(), {}),
+      Contains(bad.string() + ":5: train.epochs: expected an integer in [1, 1000000]"));
   CHECK_THROWS_AS(trainer::config::load_job_spec((dir / "missing.yaml").string(), {}), ConfigError);
   CHECK_THROWS_WITH(trainer::config::load_job_spec((dir / "missing.yaml").string(), {}),
                     Contains("missing.yaml"));
@@ -780,4 +816,31 @@ TEST_CASE("tfrecord sources: path as a string or a list, split, keys", "[config]
       "job.yaml");
   CHECK(o.data.train.path.size() == 2);
   CHECK_FALSE(o.data.validation.enabled());
+}
+
+TEST_CASE("text yaml-cpp cannot take is refused before it sees it (fuzzing regressions)",
+          "[config]") {
+  // Found by fuzz_job_spec: yaml-cpp 0.7 allocated until the process was killed on this input.
+  const std::string hang = std::string(10, '\xf2') + "arch:\x1frv, 2t36\n";
+  CHECK_THAT(error_of(hang, {}), Contains("job.yaml: line 1 (byte 0): not valid UTF-8"));
+  CHECK_THAT(error_of("model:\n  arch: resnet18\x1f\n", {}),
+             Contains("line 2") && Contains("control character U+001F"));
+  CHECK_THAT(error_of("", {"model.arch=\xc3"}), Contains("not valid UTF-8"));
+  CHECK_THAT(error_of(std::string((1 << 20) + 1, ' '), {}),
+             Contains("more than a job spec may have"));
+  // UTF-8 text and a byte-order mark are fine.
+  CHECK_NOTHROW(parse_job_spec("\xef\xbb\xbf# caf\xc3\xa9 \xe2\x9c\x93\nmodel: {arch: resnet18}\n",
+                               {kTrainPath}, "job.yaml"));
+}
+
+TEST_CASE(
+    "a stray ',' where a document starts is malformed YAML, not an endless parse "
+    "(fuzzing regression)",
+    "[config]") {
+  // Found by fuzz_job_spec: yaml-cpp 0.7's LoadAll() added empty documents for ever.
+  for (const std::string text : {",", " ,", "# comment\n,", ", a"}) {
+    INFO(text);
+    CHECK_THAT(error_of(text, {}), Contains("malformed YAML: unexpected ','"));
+  }
+  CHECK_THAT(error_of("a: 1\n---\nb: 2\n", {}), Contains("expected one YAML document"));
 }

@@ -142,6 +142,38 @@ TEST_CASE("truncated, corrupt, empty and missing files are DataErrors naming the
   CHECK_THAT(data_error([&] { pipe.load(missing.string(), 0); }), Contains(missing.string()));
 }
 
+TEST_CASE(
+    "an image whose header declares too many pixels, or another format, is refused before "
+    "decoding",
+    "[data][image]") {
+  ImagePipeline pipe(eval_options(16));
+  // A PNG signature and IHDR chunk claiming 100000 x 100000 (a 30 GB buffer), nothing after.
+  std::string png("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR", 16);
+  png += std::string("\0\x01\x86\xa0\0\x01\x86\xa0\x08\x02\0\0\0", 13);
+  CHECK_THAT(data_error([&] { pipe.decode(png, "huge.png", 0); }),
+             Contains("huge.png") && Contains("100000 x 100000") && Contains("limit"));
+  // A JPEG frame header of 65535 x 65535.
+  const std::string jpeg = testing::encode(testing::pattern_image(8, 8, 1), ".jpg");
+  int w = 0;
+  int h = 0;
+  REQUIRE(transforms::jpeg_size(jpeg, &w, &h));
+  std::string big = jpeg;
+  const size_t sof = big.find("\xFF\xC0");
+  REQUIRE(sof != std::string::npos);
+  big[sof + 5] = big[sof + 6] = big[sof + 7] = big[sof + 8] = '\xFF';
+  CHECK_THAT(data_error([&] { pipe.decode(big, "big.jpg", 0); }), Contains("65535 x 65535"));
+  // GIF and TIFF are not formats the trainer reads (OpenCV would try some of them).
+  CHECK_THAT(data_error([&] { pipe.decode("GIF89a\x01\0\x01\0", "a.gif", 0); }),
+             Contains("not a JPEG, PNG or BMP"));
+  CHECK_THAT(data_error([&] { pipe.decode("II*\0\x08\0\0\0", "a.tif", 0); }),
+             Contains("not a JPEG, PNG or BMP"));
+  // BMP and PNG files of ordinary sizes still decode.
+  CHECK_NOTHROW(
+      pipe.decode(testing::encode(testing::pattern_image(20, 10, 2), ".bmp"), "a.bmp", 0));
+  CHECK_NOTHROW(
+      pipe.decode(testing::encode(testing::pattern_image(20, 10, 2), ".png"), "a.png", 0));
+}
+
 TEST_CASE("RandomResizedCrop follows torchvision's algorithm", "[data][image]") {
   const transforms::RandomResizedCrop rrc(32, 0.08);
   Rng rng(7);

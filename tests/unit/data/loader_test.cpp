@@ -397,3 +397,23 @@ TEST_CASE("loader: a bad order function is an internal error", "[data][loader]")
   Loader late(examples, o);
   CHECK_THROWS_AS(late.start_epoch(1), Error);
 }
+
+TEST_CASE("loader: data.cache: memory that cannot fit is refused at the start, saying how much",
+          "[data][loader]") {
+  // 20000 examples at 4096 x 4096 would need ~940 GiB; nothing is read before the check.
+  std::vector<Example> examples;
+  for (int i = 0; i < 20000; ++i)
+    examples.push_back(Example{"/nonexistent/" + std::to_string(i), 0});
+  LoaderOptions o = options(8, 1, false);
+  o.preprocess.image_size = 4096;
+  o.cache = true;
+  try {
+    Loader loader(examples, o);
+    FAIL("no error");
+  } catch (const trainer::ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("data.cache: memory needs about") && Contains("GiB") &&
+                             Contains("20000 examples") && Contains("available"));
+  }
+  o.preprocess.image_size = 16;  // ~15 MiB: fine
+  CHECK_NOTHROW(Loader(examples, o));
+}

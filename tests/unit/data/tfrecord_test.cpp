@@ -4,6 +4,8 @@
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
@@ -255,6 +257,22 @@ TEST_CASE("a huge length with a good CRC is reported without allocating it", "[d
   f = read_failure(tmp.file("big.tfrecord.gz"), Compression::kGzip);
   CHECK(f.good_before == 1);
   CHECK_THAT(f.message, Contains("record 1") && Contains("2 GiB limit"));
+}
+
+TEST_CASE("gzip: a length under the limit with a good CRC is not allocated before it arrives",
+          "[data][tfrecord]") {
+  TempDir tmp;
+  const std::string len = le64(uint64_t{3} << 29);  // 1.5 GiB, under kMaxRecordBytes
+  write_gzip(tmp.file("claims.tfrecord.gz"), frame("ok") + len + le32(masked(len)) + "tiny");
+  rusage before{};
+  ::getrusage(RUSAGE_SELF, &before);
+  const Failure f = read_failure(tmp.file("claims.tfrecord.gz"), Compression::kGzip);
+  rusage after{};
+  ::getrusage(RUSAGE_SELF, &after);
+  CHECK(f.good_before == 1);
+  CHECK_THAT(f.message, Contains("record 1") && Contains("truncated"));
+  // ru_maxrss is in KiB: the peak grew by far less than the claimed 1.5 GiB.
+  CHECK(after.ru_maxrss - before.ru_maxrss < 256 * 1024);
 }
 
 TEST_CASE("a flipped data byte is a recoverable data CRC mismatch", "[data][tfrecord]") {

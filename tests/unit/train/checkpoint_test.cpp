@@ -330,3 +330,45 @@ TEST_CASE("a checkpoint that cannot be written is a data error naming it; older 
   fs::rename(kept, dir);
   require_latest_step(dir, 5);
 }
+
+TEST_CASE(
+    "verify_checkpoint: a state.json that names other files, or has the wrong shape, is a "
+    "data error",
+    "[checkpoint]") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  Trained t;
+  const fs::path ckpt = t.save(dir, 3);
+  REQUIRE_NOTHROW(verify_checkpoint(ckpt));
+  const nlohmann::json good = read_state(ckpt);
+  const auto problem = [&ckpt](const nlohmann::json& state) {
+    write_state(ckpt, state);
+    try {
+      verify_checkpoint(ckpt);
+      return std::string("no error");
+    } catch (const trainer::DataError& e) {
+      return std::string(e.what());
+    }
+  };
+  // A name that is a path would read what it names (/dev/zero never ends).
+  for (const char* name : {"/dev/zero", "../../etc/passwd", "extra.bin"}) {
+    nlohmann::json state = good;
+    state["files"][name] = {{"size", 1}, {"crc32", 0}};
+    CHECK_THAT(problem(state), Contains("unexpected file") && Contains(name));
+  }
+  nlohmann::json state = good;
+  state["files"] = "model.safetensors";
+  CHECK_THAT(problem(state), Contains("state.json"));
+  state = good;
+  state["files"]["optimizer.pt"]["size"] = "big";
+  CHECK_THAT(problem(state), Contains("state.json"));
+  state = good;
+  state["global_step"] = -4;
+  CHECK_THAT(problem(state), Contains("negative"));
+  state = good;
+  state["epoch"] = nullptr;
+  CHECK_THAT(problem(state), Contains("state.json"));
+  CHECK_THAT(problem(nlohmann::json::array()), Contains("not a JSON object"));
+  write_state(ckpt, good);
+  CHECK(verify_checkpoint(ckpt).position.global_step == 3);
+}

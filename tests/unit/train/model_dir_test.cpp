@@ -2,6 +2,7 @@
 // model directory is a UsageError; damaged or inconsistent files are DataErrors.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "train_test_util.h"
@@ -11,6 +12,7 @@
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -217,4 +219,38 @@ TEST_CASE("load_model_dir with missing or mismatched weights is a DataError", "[
     write_model_json(dir, j);
     CHECK_THROWS_AS(load_model_dir(dir), trainer::DataError);
   }
+}
+
+TEST_CASE("read_model_info bounds what model.json may ask to build", "[model_dir]") {
+  TempDir tmp;
+  const fs::path path = tmp / "model.json";
+  const nlohmann::json good = sample_info(0).to_json();
+  const auto problem = [&path](const nlohmann::json& j) {
+    std::ofstream(path) << j.dump();
+    try {
+      read_model_info(path);
+      return std::string("no error");
+    } catch (const trainer::DataError& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK(problem(good) == "no error");
+  nlohmann::json j = good;
+  j["head_hidden"] = 1000000000;
+  CHECK_THAT(problem(j), Contains("head_hidden") && Contains("1000000000"));
+  j = good;
+  j["arch"] = "resnet9000";
+  CHECK_THAT(problem(j), Contains("arch") && Contains("resnet9000"));
+  j = good;
+  j["image_size"] = 100000;
+  CHECK_THAT(problem(j), Contains("image_size"));
+  j = good;
+  j["num_classes"] = 0;
+  j["class_names"] = nlohmann::json::array();
+  CHECK_THAT(problem(j), Contains("num_classes"));
+  j = good;
+  j["class_names"] = 7;
+  CHECK_THAT(problem(j), Contains(path.string()));
+  std::ofstream(path) << "[1, 2";
+  CHECK_THROWS_AS(read_model_info(path), trainer::DataError);
 }
