@@ -77,10 +77,11 @@ inline Result run_trainer(const fs::path& cwd, const std::string& args,
 // A trainer started in the background (fork + exec through /bin/sh), for multi-process tests.
 class Background {
  public:
+  // prefix: a command the trainer runs under (e.g. "ip netns exec NAME"), "" = none.
   Background(const fs::path& cwd, const std::string& args, const std::vector<std::string>& env,
-             const std::string& tag)
+             const std::string& tag, const std::string& prefix = "")
       : out_(cwd / (".stdout-" + tag)), err_(cwd / (".stderr-" + tag)) {
-    std::string cmd = "cd " + quote(cwd.string()) + " && exec env -u TF_CONFIG";
+    std::string cmd = "cd " + quote(cwd.string()) + " && exec " + prefix + " env -u TF_CONFIG";
     for (const auto& e : env) cmd += " " + quote(e);
     cmd += " " + quote(TRAINER_BIN) + " " + args + " >" + quote(out_.string()) + " 2>" +
            quote(err_.string()) + " </dev/null";

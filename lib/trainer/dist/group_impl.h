@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trainer/dist/c10d_compat.h"
@@ -42,6 +44,24 @@ struct ProcessGroup::Impl {
   std::mutex store_mutex;  // serialises the failure reports' use of `store`
   std::string failure;     // the first failure; once set, every call is refused
   std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
+
+  // Heartbeats: every rank counts up its key in the store each kHeartbeat and watches the
+  // others' counters, so that a collective that times out can name the peer that went silent
+  // (its process, host or link gone) instead of "a peer". Guarded by heartbeat_mutex.
+  std::thread heartbeat;
+  std::mutex heartbeat_mutex;
+  std::condition_variable heartbeat_cv;
+  bool heartbeat_stop = false;
+  std::vector<int64_t> beats;                    // the last counter seen per rank
+  std::vector<detail::Clock::time_point> heard;  // when each rank's counter last moved
+  detail::Clock::time_point store_answered;      // the store's last answer
+  void start_heartbeat();
+  void stop_heartbeat();
+  void beat();  // one round: count up, read the others (store_mutex held inside)
+  // "worker 1 (silent for 12 s)", the peers not heard from for kSilentAfter, or "" when none.
+  std::string silent_peers();
+  bool is_silent(int rank);  // not heard from for kSilentAfter (false without heartbeats)
+  std::string task(int rank) const;
 
   explicit Impl(const DistOptions& o);
   ~Impl();

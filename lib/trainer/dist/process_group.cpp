@@ -65,6 +65,9 @@ constexpr milliseconds kPeerPoll{1000};  // how often a waiting rank looks for a
 constexpr milliseconds kFailureStoreTimeout{5000};  // the longest a failure path waits on the store
 
 // Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
+constexpr milliseconds kHeartbeat{1000};         // how often a rank counts up its heartbeat
+constexpr std::chrono::seconds kSilentAfter{3};  // no heartbeat for this long: "silent"
+std::string alive_key(int rank) { return "trainer/alive/" + std::to_string(rank); }
 const char* const kFailedKey = "trainer/failed";  // the rank of the newest report
 std::string failure_key(int rank) { return "trainer/failure/" + std::to_string(rank); }
 std::string left_key(int rank) { return "trainer/left/" + std::to_string(rank); }
@@ -180,6 +183,7 @@ ProcessGroup::Impl::Impl(const DistOptions& o) : opts(o), backend_name(resolve_b
 // destructor would wait for Gloo's worker threads, which may be blocked on a dead peer until the
 // timeout (once per queued collective). The process is about to exit (4 or 143) anyway.
 ProcessGroup::Impl::~Impl() {
+  stop_heartbeat();
   bool leak = !failure.empty();
   for (auto& w : in_flight) leak = leak || !w->isCompleted();
   if (leak) {
@@ -188,6 +192,87 @@ ProcessGroup::Impl::~Impl() {
     cpu.release();
     store.release();
   }
+}
+
+std::string ProcessGroup::Impl::task(int rank) const {
+  if (rank >= 0 && rank < static_cast<int>(opts.task_names.size())) return opts.task_names[rank];
+  return "rank " + std::to_string(rank);
+}
+
+void ProcessGroup::Impl::start_heartbeat() {
+  if (local() || !store) return;
+  const auto now = Clock::now();
+  beats.assign(opts.world_size, -1);
+  heard.assign(opts.world_size, now);
+  store_answered = now;
+  heartbeat = std::thread([this] {
+    std::unique_lock<std::mutex> lock(heartbeat_mutex);
+    while (!heartbeat_stop) {
+      lock.unlock();
+      beat();
+      lock.lock();
+      heartbeat_cv.wait_for(lock, kHeartbeat, [this] { return heartbeat_stop; });
+    }
+  });
+}
+
+void ProcessGroup::Impl::stop_heartbeat() {
+  if (!heartbeat.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mutex);
+    heartbeat_stop = true;
+  }
+  heartbeat_cv.notify_all();
+  heartbeat.join();
+}
+
+void ProcessGroup::Impl::beat() {
+  std::vector<int64_t> counts(opts.world_size, -1);
+  try {
+    std::lock_guard<std::mutex> lock(store_mutex);
+    const FailureStoreTimeout bounded(*store);
+    for (int r = 0; r < opts.world_size; ++r) {
+      counts[r] = store->add(alive_key(r), r == opts.rank ? 1 : 0);
+    }
+  } catch (const std::exception& e) {
+    spdlog::debug("heartbeat: the rendezvous store does not answer: {}", plain_message(e));
+    return;
+  }
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  store_answered = now;
+  for (int r = 0; r < opts.world_size; ++r) {
+    if (counts[r] != beats[r]) {
+      beats[r] = counts[r];
+      heard[r] = now;
+    }
+  }
+}
+
+bool ProcessGroup::Impl::is_silent(int rank) {
+  if (local() || !heartbeat.joinable()) return false;
+  std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  return Clock::now() - heard[rank] >= kSilentAfter;
+}
+
+std::string ProcessGroup::Impl::silent_peers() {
+  if (local() || !heartbeat.joinable()) return "";
+  const auto now = Clock::now();
+  const auto silent_for = [&now](Clock::time_point t) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - t).count());
+  };
+  std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  if (now - store_answered >= kSilentAfter) {  // the chief's store is out of reach
+    return task(0) + " (its rendezvous store at " +
+           detail::address(opts.chief_host, opts.chief_port) + " has not answered for " +
+           silent_for(store_answered) + " s)";
+  }
+  std::string out;
+  for (int r = 0; r < opts.world_size; ++r) {
+    if (r == opts.rank || now - heard[r] < kSilentAfter) continue;
+    out += (out.empty() ? "" : ", ") + task(r) + " (silent for " + silent_for(heard[r]) + " s)";
+  }
+  return out;
 }
 
 std::string ProcessGroup::Impl::who() const {
@@ -262,12 +347,16 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
     return;
   }
   if (s.opts.rank != 0) return;
-  // The chief's process hosts the store: keep it up until the others have read the cause.
-  std::vector<std::string> others;
-  for (int r = 1; r < s.opts.world_size; ++r) others.push_back(left_key(r));
+  // The chief's process hosts the store: keep it up until the others have read the cause. A
+  // task whose heartbeat has stopped (its host or link is gone) will never read it: not waited for.
   const auto deadline = Clock::now() + detail::to_ms(grace_s);
   bool logged = false;
   while (Clock::now() < deadline) {
+    std::vector<std::string> others;
+    for (int r = 1; r < s.opts.world_size; ++r) {
+      if (!s.is_silent(r)) others.push_back(left_key(r));
+    }
+    if (others.empty()) return;
     try {
       std::lock_guard<std::mutex> lock(s.store_mutex);
       const Impl::FailureStoreTimeout bounded(*s.store);
@@ -291,14 +380,19 @@ void ProcessGroup::Impl::fail(const std::string& what, const std::exception& e) 
   }
   const std::string detail = plain_message(e);
   std::string cause;
+  const std::string silent = silent_peers();
   if (contains_any(detail, {"timed out", "timeout"})) {
     cause = "no answer from a peer within distributed.timeout_s = " + seconds_text(opts.timeout_s) +
-            " s: a peer is stuck, has died, or fell out of step (every rank must run the same "
-            "collectives in the same order)";
+            " s: " +
+            (silent.empty()
+                 ? std::string("a peer is stuck, has died, or fell out of step (every rank must "
+                               "run the same collectives in the same order)")
+                 : "not heard from " + silent + ": its process, host or network link is gone");
   } else if (contains_any(detail, {"closed by peer", "connection reset", "broken pipe",
                                    "connection refused", "connection closed", "socket closed",
                                    "eof", "read error", "write error", "peer"})) {
     cause = "lost the connection to a peer: its process ended or the network failed";
+    if (!silent.empty()) cause += "; not heard from " + silent;
   } else {
     cause = "failed";
   }

@@ -39,6 +39,9 @@ struct DistOptions {
   double rendezvous_timeout_s = 900;  // distributed.rendezvous_timeout_s: wait for all to join
   double timeout_s = 1800;            // distributed.timeout_s: any one collective
   int threads = 0;                    // Gloo's worker threads (0 = c10d's default, 2)
+  // The task names in rank order ("chief", "worker 0", ...), for messages that name a peer;
+  // empty = "rank N".
+  std::vector<std::string> task_names;
 };
 
 enum class Reduce { kSum, kMin, kMax };

@@ -1,7 +1,9 @@
 // Meeting at the chief: rank 0 hosts the c10d TCPStore on its TF_CONFIG port and waits until
 // every rank has joined; the others probe the chief's address until it listens, then connect.
 // Then every rank creates its Gloo (and, for CUDA training in CUDA builds, NCCL) group.
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "trainer/dist/group_impl.h"
@@ -79,6 +82,50 @@ bool port_open(const std::string& host, int port, milliseconds timeout, std::str
   return open;
 }
 
+// The rendezvous store's server (c10d's TCPStore daemon, LibTorch 1.13) reads a request with
+// blocking recv() calls once poll() says a connection is readable, so a stranger that sends
+// the start of a request and stops (a half-open connection, a slow scanner) stalls the whole
+// store, and with it every rank, for ever. Sockets accepted by a listening socket inherit its
+// SO_RCVTIMEO / SO_SNDTIMEO (Linux copies them into each accepted socket), so bounding the
+// listener's makes such a read fail after kStrangerTimeout; the daemon then closes that
+// connection and goes on. Real clients send each request in one piece and read each reply at
+// once, so they never meet the bound. The listener is found among this process's descriptors
+// (TCPStore does not expose it) as the listening TCP socket on `port`. False when not found.
+constexpr std::chrono::seconds kStrangerTimeout{2};
+
+bool bound_store_listener(int port) {
+  bool found = false;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0) {
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound_port = -1;
+    if (addr.ss_family == AF_INET) {
+      bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    }
+    if (bound_port != port) continue;
+    timeval tv{};
+    tv.tv_sec = kStrangerTimeout.count();
+    found = ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+            ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0;
+  }
+  return found;
+}
+
 void check_stop(const std::string& where) {
   if (util::stop_requested()) {
     throw Interrupted("stopped by signal " + std::to_string(util::stop_signal()) + " " + where);
@@ -125,6 +172,12 @@ void ProcessGroup::Impl::rendezvous() {
       // The store listens on every interface; the chief itself talks to it over loopback, so a
       // TF_CONFIG name that does not route back to this machine does not matter here.
       store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+      if (!bound_store_listener(opts.chief_port)) {
+        spdlog::warn(
+            "rendezvous: could not bound the store's reads on port {}: a connection "
+            "that stops half-way through a request can stall the store",
+            opts.chief_port);
+      }
       announce(chief);
     } catch (const Error&) {
       throw;
@@ -221,6 +274,7 @@ void ProcessGroup::Impl::rendezvous() {
   }
   store->setTimeout(to_ms(opts.timeout_s));
   make_backends();
+  start_heartbeat();
 }
 
 void ProcessGroup::Impl::make_backends() {

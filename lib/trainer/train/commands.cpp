@@ -94,6 +94,10 @@ dist::DistOptions dist_options(const config::JobSpec& spec, const cluster::Clust
     o.chief_host = cluster::host_of(cluster.chief_address);
     o.chief_port = cluster::port_of(cluster.chief_address);
     o.own_host = cluster::host_of(cluster.own_address);
+    for (int r = 0; r < cluster.world_size; ++r) {
+      o.task_names.push_back(cluster::task_name(cluster, r) + " (" + cluster.worker_addresses[r] +
+                             ")");
+    }
   }
   o.interface = spec.distributed.interface;
   o.backend = spec.distributed.backend;

@@ -1,0 +1,124 @@
+// Strangers at the chief's port: the rendezvous store has no authentication, so anything on the
+// network may connect to it (a port scanner, curl, random bytes, a connection left half-open).
+// None of that may crash, hang or stall the chief: a job that meets and trains while such
+// traffic arrives over loopback (a stranger every 0.3 s; six connections left half-open in the
+// middle of a request, each of which stalled LibTorch's store for ever before the listener's
+// reads were bounded) still finishes, with the same exit code and outputs. A flood of
+// half-open connections is not covered: each still stalls the store for up to 2 s.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fixtures.h"
+#include "harness.h"
+
+using namespace trainer::testing;
+
+namespace {
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& bytes) {
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+TEST_CASE("strangers connecting to the chief's port never stop the job",
+          "[multiworker][security]") {
+  TempDir dir("strangers");
+  make_dataset(dir.path(), "data", 8, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const int port = free_port();
+  const std::string args =
+      "--config job.yaml --job-dir job --set data.validation.path= --set train.max_steps=6 "
+      "--set distributed.rendezvous_timeout_s=60 --set distributed.timeout_s=60";
+
+  std::atomic<bool> stop{false};
+  std::vector<int> held;  // half-open connections, kept until the job is over
+  int connections = 0;
+  std::thread stranger([&] {
+    std::mt19937 rng(7);
+    int round = 0;
+    while (!stop) {
+      const int fd = connect_to(port);
+      if (fd < 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      ++connections;
+      switch (round++ % 5) {
+        case 0:  // a port scanner: connect, close
+          break;
+        case 1:  // curl
+          send_all(fd, "GET / HTTP/1.1\r\nHost: chief\r\nUser-Agent: curl/7.88\r\n\r\n");
+          break;
+        case 2: {  // random bytes
+          std::string junk(4096, '\0');
+          for (char& c : junk) c = static_cast<char>(rng());
+          send_all(fd, junk);
+          break;
+        }
+        case 3:  // the start of a request that never finishes, left open
+          if (held.size() < 6) {
+            send_all(fd, std::string(1, '\x03'));
+            held.push_back(fd);
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            continue;
+          }
+          break;
+        case 4:  // a huge declared length, left open
+          if (held.size() < 6) {
+            send_all(fd, std::string("\x01\xff\xff\xff\xff\xff\xff\xff\x7f", 9));
+            held.push_back(fd);
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            continue;
+          }
+          break;
+      }
+      ::close(fd);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+
+  const auto start = std::chrono::steady_clock::now();
+  Background w0(dir.path(), args, {tf_config(2, false, port, "worker", 0)}, "w0");
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // strangers arrive before the worker
+  Background w1(dir.path(), args, {tf_config(2, false, port, "worker", 1)}, "w1");
+  const Result r1 = w1.wait();
+  const Result r0 = w0.wait();
+  stop = true;
+  stranger.join();
+  for (int fd : held) ::close(fd);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("chief: " << r0.err);
+  INFO("worker 1: " << r1.err);
+  INFO(connections << " stranger connections, " << held.size() << " left half-open; " << took
+                   << " s");
+  CHECK(connections > 10);
+  CHECK(held.size() == 6);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(fs::exists(dir / "job" / "model" / "model.safetensors"));
+}
