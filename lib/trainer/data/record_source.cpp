@@ -137,6 +137,9 @@ Resolved resolve_tfds(const std::string& dir, const std::string& split, const st
       if (s.value("name", "") != split || !s.contains("shardLengths")) continue;
       std::vector<int64_t> counts;
       for (const auto& v : s["shardLengths"]) {
+        if (!v.is_string() && !v.is_number_integer()) {  // a float would be cast: undefined
+          throw std::invalid_argument("a shard length that is not an integer");
+        }
         const int64_t n = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
         if (n < 0) throw std::invalid_argument("a negative shard length");
         counts.push_back(n);

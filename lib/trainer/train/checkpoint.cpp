@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
+#include <cstdint>
 #include <cstdio>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,6 +16,7 @@
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
+#include "trainer/util/json.h"
 
 namespace trainer::train {
 
@@ -69,7 +72,11 @@ CheckpointInfo verify(const fs::path& dir) {
   const fs::path state_path = dir / "state.json";
   const nlohmann::json state = nlohmann::json::parse(util::read_file(state_path));
   if (!state.is_object()) throw DataError("'" + state_path.string() + "': not a JSON object");
-  if (state.value("format_version", 0) != kCheckpointFormatVersion) {
+  const std::string where = "'" + state_path.string() + "'";
+  constexpr int64_t kI64 = INT64_MAX;
+  if (!state.contains("format_version") || !state["format_version"].is_number_integer() ||
+      util::json_int(state, "format_version", INT32_MIN, INT32_MAX, where) !=
+          kCheckpointFormatVersion) {
     throw DataError("'" + state_path.string() + "': format_version " +
                     state.value("format_version", nlohmann::json()).dump() + ", expected " +
                     std::to_string(kCheckpointFormatVersion));
@@ -90,26 +97,24 @@ CheckpointInfo verify(const fs::path& dir) {
                       "' (expected only model.safetensors, optimizer.pt, rng.safetensors)");
     }
     const std::string bytes = util::read_file(dir / name);
-    if (bytes.size() != meta.at("size").get<size_t>() ||
-        util::crc32(bytes.data(), bytes.size()) != meta.at("crc32").get<uint32_t>()) {
+    const std::string file_where = where + ": files: " + name;
+    if (static_cast<int64_t>(bytes.size()) != util::json_int(meta, "size", 0, kI64, file_where) ||
+        util::crc32(bytes.data(), bytes.size()) !=
+            util::json_int(meta, "crc32", 0, UINT32_MAX, file_where)) {
       throw DataError("'" + (dir / name).string() + "': size or checksum differs from state.json");
     }
   }
   CheckpointInfo info;
   info.dir = dir;
-  info.position.epoch = state.at("epoch").get<int64_t>();
-  info.position.batch_in_epoch = state.at("batch_in_epoch").get<int64_t>();
-  info.position.global_step = state.at("global_step").get<int64_t>();
+  info.position.epoch = util::json_int(state, "epoch", 0, kI64, where);
+  info.position.batch_in_epoch = util::json_int(state, "batch_in_epoch", 0, kI64, where);
+  info.position.global_step = util::json_int(state, "global_step", 0, kI64, where);
   info.fingerprint = state.at("fingerprint").get<std::string>();
   if (state.contains("world_size")) {
-    info.plan.world_size = state.at("world_size").get<int>();
-    info.plan.steps_per_epoch = state.at("steps_per_epoch").get<int64_t>();
+    info.plan.world_size =
+        static_cast<int>(util::json_int(state, "world_size", 0, INT32_MAX, where));
+    info.plan.steps_per_epoch = util::json_int(state, "steps_per_epoch", 0, kI64, where);
     info.plan.shard_digests = state.at("shard_digests").get<std::vector<std::string>>();
-  }
-  const TrainPosition& p = info.position;
-  if (p.epoch < 0 || p.batch_in_epoch < 0 || p.global_step < 0 || info.plan.world_size < 0 ||
-      info.plan.steps_per_epoch < 0) {
-    throw DataError("'" + state_path.string() + "': a negative epoch, batch, step or size");
   }
   return info;
 }

@@ -1,11 +1,14 @@
 #include "trainer/train/model_dir.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include "trainer/config/job_spec.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
+#include "trainer/util/json.h"
 
 namespace trainer::train {
 
@@ -39,23 +42,26 @@ ModelInfo read_model_info(const fs::path& json_path) {
   ModelInfo info;
   try {
     const auto j = nlohmann::json::parse(util::read_file(json_path));
-    if (j.at("format_version").get<int>() != kModelFormatVersion) {
+    const std::string where = "'" + json_path.string() + "'";
+    constexpr int64_t kI64 = INT64_MAX;
+    if (util::json_int(j, "format_version", INT32_MIN, INT32_MAX, where) != kModelFormatVersion) {
       throw DataError("'" + json_path.string() + "': format_version " +
                       j.at("format_version").dump() + ", expected " +
                       std::to_string(kModelFormatVersion));
     }
     ModelInfo& i = info;
     i.arch = j.at("arch").get<std::string>();
-    i.num_classes = j.at("num_classes").get<int64_t>();
-    i.head_hidden = j.at("head_hidden").get<int64_t>();
+    i.num_classes = util::json_int(j, "num_classes", 1, config::kMaxClasses, where);
+    i.head_hidden = util::json_int(j, "head_hidden", 0, config::kMaxHeadHidden, where);
     i.class_names = j.at("class_names").get<std::vector<std::string>>();
-    i.image_size = j.at("image_size").get<int>();
+    i.image_size =
+        static_cast<int>(util::json_int(j, "image_size", 1, config::kMaxImageSize, where));
     i.normalize = j.at("normalize").get<std::string>();
     i.reduced_decode = j.value("reduced_decode", false);  // absent: trained before it existed
     i.precision = j.value("precision", "fp32");
     i.channels_last = j.value("channels_last", false);
-    i.global_step = j.value("global_step", int64_t{0});
-    i.epochs = j.value("epochs", int64_t{0});
+    i.global_step = util::json_int_or(j, "global_step", 0, 0, kI64, where);
+    i.epochs = util::json_int_or(j, "epochs", 0, 0, kI64, where);
   } catch (const nlohmann::json::exception& e) {
     throw DataError("'" + json_path.string() + "': " + e.what());
   }

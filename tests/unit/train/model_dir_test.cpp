@@ -248,6 +248,13 @@ TEST_CASE("read_model_info bounds what model.json may ask to build", "[model_dir
   j["num_classes"] = 0;
   j["class_names"] = nlohmann::json::array();
   CHECK_THAT(problem(j), Contains("num_classes"));
+  // Found by fuzz_model_json: a float out of range was cast to an integer (undefined).
+  j = good;
+  j["num_classes"] = 7.7e46;
+  CHECK_THAT(problem(j), Contains("num_classes: expected an integer"));
+  j = good;
+  j["epochs"] = -1e300;
+  CHECK_THAT(problem(j), Contains("epochs"));
   j = good;
   j["class_names"] = 7;
   CHECK_THAT(problem(j), Contains(path.string()));
