@@ -5,11 +5,6 @@
 
 using namespace trainer;
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::quiet_logs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fuzz::fs::path path = fuzz::scratch_dir() / "train.csv";
   fuzz::write_bytes(path, data, size);

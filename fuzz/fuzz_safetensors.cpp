@@ -4,29 +4,14 @@
 #include <torch/torch.h>
 
 #include "fuzz_common.h"
+#include "small_module.h"
 #include "trainer/model/safetensors.h"
 
 using namespace trainer;
 
-namespace {
-
-struct Small : torch::nn::Module {
-  Small() {
-    register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
-    register_module("bn1", torch::nn::BatchNorm2d(4));
-    register_module("fc", torch::nn::Linear(4, 2));
-  }
-};
-
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::quiet_logs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Small* module = new Small();  // one module for the run (loads are all-or-nothing)
+  static fuzz::SmallModule* module =
+      new fuzz::SmallModule();  // one module for the run (loads are all-or-nothing)
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   fuzz::expect_clean_errors("safetensors", [&] {
     model::Metadata metadata;

@@ -6,11 +6,6 @@
 
 using namespace trainer;
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::quiet_logs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fuzz::fs::path dir = fuzz::scratch_dir() / "ckpt-000000007";
   static const bool ready = [&dir] {

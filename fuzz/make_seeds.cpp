@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "small_module.h"
 #include "trainer/cluster/launcher.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/synthetic.h"
@@ -33,14 +34,6 @@ void put(const fs::path& out, const std::string& target, const std::string& byte
 }
 
 std::string read_all(const fs::path& path) { return util::read_file(path); }
-
-struct Small : torch::nn::Module {
-  Small() {
-    register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)));
-    register_module("bn1", torch::nn::BatchNorm2d(4));
-    register_module("fc", torch::nn::Linear(4, 2));
-  }
-};
 
 }  // namespace
 
@@ -125,7 +118,7 @@ int main(int argc, char** argv) {
       R"({"cluster":{"master":["[::1]:2222"],"worker":["h1:2222"]},"task":{"type":"master","index":0}})");
 
   // safetensors: a module's state dict (float, int64) with metadata, and the RNG state file.
-  Small small;
+  fuzz::SmallModule small;
   put(out, "safetensors", model::encode_safetensors(model::state_dict(small), {{"format", "pt"}}));
   put(out, "safetensors",
       model::encode_safetensors({{"x", torch::arange(6, torch::kBFloat16).reshape({2, 3})},

@@ -9,9 +9,11 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <chrono>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -72,6 +74,12 @@ inline Result run_trainer(const fs::path& cwd, const std::string& args,
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 // A trainer started in the background (fork + exec through /bin/sh), for multi-process tests.

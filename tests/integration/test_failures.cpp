@@ -21,12 +21,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // Long timeouts: only the failure report can make the peers stop quickly.
 const char* const kSlowTimeouts =
     " --set distributed.rendezvous_timeout_s=120 --set distributed.timeout_s=300";

@@ -25,12 +25,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 int sh(const std::string& cmd) {
   const int status = std::system((cmd + " >/dev/null 2>&1").c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
