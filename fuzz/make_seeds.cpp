@@ -43,7 +43,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path out = argv[1];
-  fs::remove_all(out);  // always the seeds of this build's writers
+  // Always the seeds of this build's writers: an old seeds directory (it has the marker file) is
+  // replaced; anything else that exists is never touched.
+  const fs::path marker = out / ".trainer-fuzz-seeds";
+  if (fs::exists(out)) {
+    if (!fs::is_directory(out) || (!fs::exists(marker) && !fs::is_empty(out))) {
+      std::fprintf(stderr,
+                   "make_seeds: '%s' exists and is not a seeds directory; not touching it\n",
+                   out.c_str());
+      return 2;
+    }
+    fs::remove_all(out);
+  }
+  fs::create_directories(out);
+  util::write_file_atomic(marker, "seeds written by fuzz/make_seeds\n");
   const fs::path work = out / ".work";
   fs::create_directories(work);
 
