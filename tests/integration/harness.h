@@ -76,6 +76,12 @@ inline Result run_trainer(const fs::path& cwd, const std::string& args,
   return r;
 }
 
+// Runs a shell command quietly; returns its exit status (128 when it did not exit).
+inline int sh(const std::string& cmd) {
+  const int status = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
 using Clock = std::chrono::steady_clock;
 
 inline double seconds_since(Clock::time_point t) {

@@ -25,11 +25,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-int sh(const std::string& cmd) {
-  const int status = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 // Namespaces named trn<pid>x<n>s (the switch) and trn<pid>x<n>h<i> (host i), subnet
 // 10.<200 + n % 50>.<pid % 250>.0/24, host i at .(i + 1).
 class Network {

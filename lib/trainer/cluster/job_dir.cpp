@@ -3,6 +3,7 @@
 #include <system_error>
 
 #include "trainer/util/error.h"
+#include "trainer/util/fs.h"
 
 namespace trainer::cluster {
 
@@ -23,7 +24,26 @@ void JobDir::prepare() const {
   for (const fs::path& dir : is_chief_ ? std::vector<fs::path>{root_, checkpoints_dir()}
                                        : std::vector<fs::path>{write_dir_}) {
     fs::create_directories(dir, ec);
-    if (ec) throw ConfigError("--job-dir: cannot create '" + dir.string() + "': " + ec.message());
+    if (ec) util::throw_io_error("--job-dir: cannot create", dir, ec.value());
+  }
+  util::require_writable_dir(write_dir_);
+}
+
+void JobDir::check_present() const {
+  std::error_code ec;
+  if (!fs::is_directory(write_dir_, ec)) {
+    throw DataError("'" + write_dir_.string() +
+                    "' has disappeared while the job ran (removed, or its file system unmounted)");
+  }
+}
+
+void JobDir::write_while_present(const std::function<void()>& write) const {
+  check_present();
+  try {
+    write();
+  } catch (const DataError&) {
+    check_present();
+    throw;
   }
 }
 

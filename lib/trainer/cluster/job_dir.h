@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 
 #include "trainer/cluster/cluster_spec.h"
 
@@ -32,9 +33,18 @@ class JobDir {
   fs::path model_dir() const { return root_ / "model"; }
   fs::path log_file() const { return write_dir_ / "trainer.log"; }
 
-  // Creates write_dir() (and the chief's sub-dirs). Throws ConfigError naming the path when it
-  // cannot be created (a file in the way, no permission).
+  // Creates write_dir() (and the chief's sub-dirs) and checks that it is writable. Throws
+  // ConfigError when a file is in the way of the job dir, DataError naming the path and cause
+  // when a directory cannot be created or written (no permission, a read-only or full disk).
   void prepare() const;
+
+  // Throws DataError when write_dir() is no longer a directory (removed while the job ran), so
+  // that nothing is written into a directory re-created in its place.
+  void check_present() const;
+
+  // Runs `write` (a checkpoint, the model export) after check_present(); when it fails because
+  // the job dir vanished meanwhile, the error says that instead of naming a missing file.
+  void write_while_present(const std::function<void()>& write) const;
 
   // Removes a non-chief's workertemp dir after a clean finish (no-op on the chief).
   void finish_clean() const;

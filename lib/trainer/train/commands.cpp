@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
+#include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -247,8 +248,15 @@ int run_train(const TrainOptions& options) {
     util::install_stop_handlers();
     return run_sidecar_evaluator(spec, cluster, job_dir);
   }
-  job_dir.prepare();
-  util::setup_logging(spec.logging.level, job_dir.log_file().string());
+  // A job dir this task cannot write fails the job only once the group is up, so that every task
+  // stops with this one's cause (exit 3) instead of the others waiting out the rendezvous.
+  std::exception_ptr unwritable;
+  try {
+    job_dir.prepare();
+  } catch (const DataError&) {
+    unwritable = std::current_exception();
+  }
+  util::setup_logging(spec.logging.level, unwritable ? "" : job_dir.log_file().string());
   util::install_stop_handlers();
   spdlog::info("trainer {}: job {} in {} as {} (rank {} of {})", TRAINER_VERSION,
                options.config.empty() ? "(defaults)" : options.config, job_dir.root().string(),
@@ -262,6 +270,9 @@ int run_train(const TrainOptions& options) {
   dist_opts.threads = budget.gloo;
   const auto group = dist::ProcessGroup::connect(dist_opts);
   try {
+    agree(*group, cluster, "preparing the job dir", [&] {
+      if (unwritable) std::rethrow_exception(unwritable);
+    });
     return train_in_group(options, spec, cluster, job_dir, settings, budget, *group);
   } catch (...) {
     tell_peers(*group, cluster, spec, std::current_exception());

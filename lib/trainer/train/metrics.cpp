@@ -34,8 +34,7 @@ MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t resume_step) {
     }
     util::write_file_atomic(path, kept);
   }
-  out_.open(path, std::ios::app);
-  if (!out_) throw Error(ErrorKind::kInternal, "cannot open '" + path.string() + "' for append");
+  out_ = util::AppendFile(path);
 }
 
 void MetricsLog::write(int64_t step, int64_t epoch, const std::map<std::string, double>& values) {
@@ -44,8 +43,7 @@ void MetricsLog::write(int64_t step, int64_t epoch, const std::map<std::string, 
   for (const auto& [name, value] : values) {
     record[name] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
   }
-  out_ << record.dump() << '\n';
-  out_.flush();
+  out_.append(record.dump() + "\n");
 }
 
 Progress::Progress(bool interactive, int every_steps)

@@ -1,14 +1,15 @@
 // Where numbers go: MetricsLog appends one JSON object per line (step, epoch, metric names) to
-// JOB_DIR/metrics.jsonl, flushed per record; Progress shows a live bar with images/s and ETA on
+// JOB_DIR/metrics.jsonl, written per record; Progress shows a live bar with images/s and ETA on
 // a terminal and plain periodic log lines otherwise. Neither is thread-safe.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
+
+#include "trainer/util/fs.h"
 
 namespace trainer::train {
 
@@ -17,13 +18,15 @@ class MetricsLog {
   MetricsLog() = default;  // disabled: records are dropped (a non-chief, or inspect)
   // Opens `path` for appending. resume_step >= 0 first drops records with step > resume_step
   // (left by a run that went on past its last checkpoint), so each step is recorded once. A last
-  // line without its newline (cut short by a crash) is dropped in either case.
+  // line without its newline (cut short by a crash) is dropped in either case. A record that
+  // cannot be written (a full disk, the file deleted) throws DataError and leaves the file as it
+  // was (util::AppendFile).
   MetricsLog(const std::filesystem::path& path, int64_t resume_step);
 
   void write(int64_t step, int64_t epoch, const std::map<std::string, double>& values);
 
  private:
-  std::ofstream out_;
+  util::AppendFile out_;
 };
 
 class Progress {

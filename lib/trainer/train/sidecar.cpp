@@ -18,6 +18,7 @@
 #include "trainer/train/model_dir.h"
 #include "trainer/train/runtime.h"
 #include "trainer/util/error.h"
+#include "trainer/util/fs.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
@@ -137,12 +138,7 @@ class Evaluator {
     record["val_accuracy"] = counts.accuracy();
     record["per_class"] = all["per_class"];
     record["num_examples"] = counts.num_examples;
-    std::ofstream out(metrics_path_, std::ios::app);
-    out << record.dump() << "\n";
-    out.flush();
-    if (!out) {
-      throw DataError("evaluator: cannot append to '" + metrics_path_.string() + "'");
-    }
+    util::AppendFile(metrics_path_).append(record.dump() + "\n");
     spdlog::info("evaluator: step {} ({}): validation loss {:.4f} acc {:.4f}",
                  record["step"].get<int64_t>(),
                  record.contains("checkpoint") ? record["checkpoint"].get<std::string>()

@@ -368,10 +368,12 @@ class ChiefWrites {
                                fmt::format("at the checkpoint of step {}", at.global_step));
     agree(ctx_.group, ctx_.cluster, "writing a checkpoint", [&] {
       if (!ctx_.job_dir.is_chief()) return;
-      const auto dir =
-          save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan,
-                          *stepper_.net(), stepper_.optimizer(), spec_.checkpoint.keep);
-      spdlog::info("checkpoint {}", dir.string());
+      ctx_.job_dir.write_while_present([&] {
+        const auto dir =
+            save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan,
+                            *stepper_.net(), stepper_.optimizer(), spec_.checkpoint.keep);
+        spdlog::info("checkpoint {}", dir.string());
+      });
     });
   }
 
@@ -414,7 +416,8 @@ class ChiefWrites {
       info.channels_last = ctx_.settings.channels_last;
       info.global_step = summary.global_step;
       info.epochs = summary.epochs_done;
-      train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info);
+      ctx_.job_dir.write_while_present(
+          [&] { train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info); });
     });
   }
 

@@ -1,6 +1,8 @@
 #include "trainer/util/fs.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -8,22 +10,79 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "trainer/util/error.h"
 
 namespace trainer::util {
 
-namespace {
 // An I/O failure on a path is a data error (exit 3) that names the path and, for the usual
 // causes, says so in words.
-[[noreturn]] void fail(const std::string& what, const fs::path& path) {
-  const int err = errno;
+void throw_io_error(const std::string& what, const fs::path& path, int err) {
   std::string message = what + " '" + path.string() + "': " + std::strerror(err);
   if (err == ENOSPC || err == EDQUOT) message += " (the disk is full)";
+  if (err == EFBIG) message += " (over the file size limit, ulimit -f)";
   if (err == EROFS) message += " (the file system is read-only)";
   throw DataError(message);
 }
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const fs::path& path) {
+  throw_io_error(what, path, errno);
+}
 }  // namespace
+
+void require_writable_dir(const fs::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) fail("cannot use directory", dir);
+  if (!S_ISDIR(st.st_mode)) throw DataError("'" + dir.string() + "' is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0) fail("cannot write to directory", dir);
+}
+
+AppendFile::AppendFile(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot open for appending", path);
+}
+
+AppendFile::AppendFile(AppendFile&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+AppendFile& AppendFile::operator=(AppendFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::append(const std::string& record) {
+  if (fd_ < 0) return;
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail("cannot stat", path_);
+  if (st.st_nlink == 0) {
+    throw DataError("'" + path_.string() +
+                    "' was deleted while the job ran (was its directory removed?)");
+  }
+  size_t done = 0;
+  while (done < record.size()) {
+    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      // Cut the partial record off again (O_APPEND wrote it at the old end of file).
+      if (done > 0 && ::ftruncate(fd_, st.st_size) != 0) {
+        spdlog::warn("'{}': could not remove a partly written record", path_.string());
+      }
+      throw_io_error("cannot append to", path_, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
 
 void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);

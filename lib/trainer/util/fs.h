@@ -17,6 +17,37 @@ void write_file_atomic(const fs::path& path, const std::string& bytes);
 // fsync a directory (so a rename inside it is durable).
 void fsync_dir(const fs::path& dir);
 
+// Throws DataError "WHAT 'PATH': strerror(err)", adding "(the disk is full)" or "(the file system
+// is read-only)" for those causes.
+[[noreturn]] void throw_io_error(const std::string& what, const fs::path& path, int err);
+
+// Checks that `dir` is a directory this process can write to (access(2) W_OK, which also fails on a
+// read-only mount for root); throws DataError naming it and the cause.
+void require_writable_dir(const fs::path& dir);
+
+// A file that only grows by whole records (metrics.jsonl, the evaluator's log): each append() is
+// one write of the whole record or nothing. When a write fails part-way (a full disk), the file is
+// cut back to its size before the record and DataError names the path and cause, so a reader
+// never sees a torn record. A file deleted while open (its job dir removed) is an error too,
+// instead of records going to an unlinked inode. Move-only; not thread-safe.
+class AppendFile {
+ public:
+  AppendFile() = default;                     // closed: append() is a no-op
+  explicit AppendFile(const fs::path& path);  // opens or creates for appending
+  AppendFile(AppendFile&& other) noexcept;
+  AppendFile& operator=(AppendFile&& other) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  bool is_open() const { return fd_ >= 0; }
+  void append(const std::string& record);
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
 // Whole file as bytes; throws DataError naming the path when it cannot be read.
 std::string read_file(const fs::path& path);
 
