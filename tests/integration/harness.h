@@ -26,6 +26,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -224,6 +225,47 @@ inline double largest_relative_difference(const std::map<std::string, std::vecto
 }
 
 // Writes a small synthetic ImageFolder dataset with the real make-dataset subcommand.
+// A tmpfs of `bytes` mounted at `at` for the test's lifetime.
+class Tmpfs {
+ public:
+  Tmpfs(const fs::path& at, uint64_t bytes) : at_(at) {
+    fs::create_directories(at);
+    if (sh("mount -t tmpfs -o size=" + std::to_string(bytes) + " trainer-test " +
+           quote(at.string())) != 0) {
+      throw std::runtime_error("cannot mount a tmpfs at " + at.string());
+    }
+  }
+  ~Tmpfs() { sh("umount -l " + quote(at_.string())); }
+  void remount(const std::string& options) const {
+    if (sh("mount -o remount," + options + " " + quote(at_.string())) != 0) {
+      throw std::runtime_error("cannot remount " + at_.string() + " " + options);
+    }
+  }
+
+  // Whether this machine lets the test mount a tmpfs (root with CAP_SYS_ADMIN).
+  static std::string unavailable(const fs::path& probe) {
+    if (::geteuid() != 0) return "not root";
+    fs::create_directories(probe);
+    if (sh("mount -t tmpfs -o size=1m trainer-probe " + quote(probe.string())) != 0) {
+      return "'mount -t tmpfs' fails here (no CAP_SYS_ADMIN?)";
+    }
+    sh("umount " + quote(probe.string()));
+    return "";
+  }
+
+ private:
+  fs::path at_;
+};
+
+#define REQUIRE_TMPFS(dir)                                            \
+  do {                                                                \
+    const std::string why = Tmpfs::unavailable((dir) / "probe");      \
+    if (!why.empty()) {                                               \
+      WARN("skipped: a test file system cannot be mounted: " << why); \
+      return;                                                         \
+    }                                                                 \
+  } while (0)
+
 inline void make_dataset(const fs::path& cwd, const std::string& out, int per_class, int size,
                          int classes = 5, int seed = 0) {
   const Result r =

@@ -12,6 +12,7 @@
 #include "trainer/data/record_source.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
+#include "trainer/util/storage.h"
 
 namespace trainer::data {
 
@@ -375,9 +376,15 @@ Listing list_csv(const std::string& path, const SourceOptions& source, const std
 
 }  // namespace
 
-Listing list_source(const SourceOptions& source, const std::string& field,
+Listing list_source(const SourceOptions& given, const std::string& field,
                     const std::vector<std::string>& class_names, const ListOptions& options) {
-  if (source.path.empty()) throw DataError(field + ".path: no source path given");
+  if (given.path.empty()) throw DataError(field + ".path: no source path given");
+  // gs://BUCKET/... reads the bucket's mount; another scheme:// is refused (util/storage.h).
+  SourceOptions source = given;
+  for (std::string& p : source.path) p = util::local_path(p, field + ".path");
+  if (!source.image_root.empty()) {
+    source.image_root = util::local_path(source.image_root, field + ".image_root");
+  }
   const std::string more =
       source.path.size() > 1 ? " and " + std::to_string(source.path.size() - 1) + " more" : "";
   const std::string origin =

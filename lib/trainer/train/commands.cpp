@@ -27,6 +27,7 @@
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
+#include "trainer/util/storage.h"
 
 namespace trainer::train {
 
@@ -241,7 +242,7 @@ int run_train(const TrainOptions& options) {
   // 1. The job and this process's role.
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, options.epochs);
   const cluster::ClusterSpec cluster = cluster::cluster_from_env();
-  const cluster::JobDir job_dir(options.job_dir, cluster);
+  const cluster::JobDir job_dir(util::local_path(options.job_dir, "--job-dir"), cluster);
   if (cluster.task_type == "evaluator") {  // outside the training group: no rendezvous
     job_dir.prepare();
     util::setup_logging(spec.logging.level, job_dir.log_file().string());
@@ -286,11 +287,13 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
   nlohmann::json doc;
   doc["job"] = config::to_json(spec);
   doc["cluster"] = cluster::to_json(cluster);
-  if (!options.job_dir.empty()) {
-    const cluster::JobDir job_dir(options.job_dir, cluster);
+  const std::string job_root =
+      options.job_dir.empty() ? "" : util::local_path(options.job_dir, "--job-dir");
+  if (!job_root.empty()) {
+    const cluster::JobDir job_dir(job_root, cluster);
     doc["cluster"]["write_dir"] = job_dir.write_dir().string();
   }
-  const DataPlan plan = plan_data(spec, cluster, list_options_for(options.job_dir, false));
+  const DataPlan plan = plan_data(spec, cluster, list_options_for(job_root, false));
   doc["data"] = to_json(plan);
   doc["runtime"] = runtime_json(spec, cluster);
   doc["fingerprint"] = config::fingerprint(spec);

@@ -9,6 +9,7 @@
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 #include "trainer/util/json.h"
+#include "trainer/util/storage.h"
 
 namespace trainer::train {
 
@@ -97,7 +98,8 @@ ModelInfo read_model_info(const fs::path& json_path) {
   return info;
 }
 
-LoadedModel load_model_dir(const fs::path& dir) {
+LoadedModel load_model_dir(const fs::path& given) {
+  const fs::path dir = util::local_path(given.string(), "--model");
   const fs::path json_path = dir / "model.json";
   if (!fs::is_regular_file(json_path)) {
     throw UsageError("--model '" + dir.string() +

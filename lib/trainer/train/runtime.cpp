@@ -14,6 +14,7 @@
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
+#include "trainer/util/storage.h"
 #include "trainer/util/torch_compat.h"
 
 namespace trainer::train {
@@ -136,9 +137,10 @@ model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, in
   torch::manual_seed(static_cast<uint64_t>(seed));
   model::ResNet net = model::make_resnet({spec.arch, num_classes, spec.head_hidden});
   if (!spec.pretrained.empty()) {
-    const auto report = model::load_state_dict(*net, model::load_safetensors(spec.pretrained),
-                                               "model.pretrained '" + spec.pretrained + "'",
-                                               /*allow_classifier_mismatch=*/true);
+    const auto report = model::load_state_dict(
+        *net, model::load_safetensors(util::local_path(spec.pretrained, "model.pretrained")),
+        "model.pretrained '" + spec.pretrained + "'",
+        /*allow_classifier_mismatch=*/true);
     spdlog::info("loaded pretrained weights from {}", spec.pretrained);
     if (!report.reinitialised.empty()) {
       spdlog::info("classifier differs from the pretrained file ({} tensors): freshly initialised",
