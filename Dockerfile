@@ -1,7 +1,9 @@
 # Multi-stage image: the build stage uses the same scripts as the README; the runtime stage has
 # only the runtime libraries and the binary.
 #   docker build -t trainer .
-#   docker run -v $PWD/jobs:/jobs -v $PWD/data:/data trainer --config /opt/trainer/configs/quickstart.yaml --epochs 5 --job-dir /jobs/x
+#   docker run -v $PWD/data:/work/data -v $PWD/jobs:/work/jobs trainer \
+#     --config /opt/trainer/configs/quickstart.yaml --epochs 5 --job-dir jobs/x
+# (README, Docker: the configs' data paths are relative to the working directory /work)
 FROM debian:bookworm-slim AS build
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh

@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Configures and builds trainer into a build dir. Extra arguments go to cmake's configure step,
+# Configures a build dir and builds trainer in it. Extra arguments go to cmake's configure step,
 # e.g. -DTRAINER_BUILD_TESTS=OFF or -DCMAKE_PREFIX_PATH=/path/to/libtorch (CUDA build).
-#   scripts/build.sh          Release build in build/ (what the README's commands use)
-#   scripts/build.sh --asan   AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
-#                             (clang; also the fuzz build: scripts/fuzz.sh builds its targets there)
-#   scripts/build.sh --tsan   ThreadSanitizer build in build-tsan/
-# Run the suite against a sanitizer build with scripts/sanitize-test.sh (README, Development).
+#   scripts/build.sh          Release build of the trainer binary alone in build/ (what the README's
+#                             commands use; scripts/test.sh builds the tests when it runs them)
+#   scripts/build.sh --all    ... and every other target (tests, benchmarks' helpers)
+#   scripts/build.sh --asan   AddressSanitizer + UndefinedBehaviorSanitizer build of everything in
+#                             build-asan/ (clang; also the fuzz build: scripts/fuzz.sh builds its
+#                             targets there)
+#   scripts/build.sh --tsan   ThreadSanitizer build of everything in build-tsan/
+# Run the suite against a sanitizer build with TRAINER_BUILD_DIR=build-asan scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
 build_type=Release
 default_dir=build
+targets=(--target trainer)
 case "${1:-}" in
-  --asan) sanitize=address; build_type=RelWithDebInfo; default_dir=build-asan; shift
+  --all) targets=(); shift ;;
+  --asan) sanitize=address; build_type=RelWithDebInfo; default_dir=build-asan; targets=(); shift
           set -- -DCMAKE_CXX_COMPILER=clang++ -DTRAINER_BUILD_FUZZ=ON "$@" ;;
-  --tsan) sanitize=thread; build_type=RelWithDebInfo; default_dir=build-tsan; shift ;;
+  --tsan) sanitize=thread; build_type=RelWithDebInfo; default_dir=build-tsan; targets=(); shift ;;
 esac
 build_dir=${TRAINER_BUILD_DIR:-$default_dir}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DTRAINER_SANITIZE="$sanitize" "$@"
-cmake --build "$build_dir" -j "$(nproc)"
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"
 echo "built $build_dir/app/trainer"
