@@ -37,6 +37,14 @@ void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
       ->take_all();
 }
 
+void add_cluster_option(CLI::App* cmd, std::string* source) {
+  cmd->add_option("--cluster", *source,
+                  "Where this task's role comes from: auto (TF_CONFIG, else torchrun's RANK/"
+                  "WORLD_SIZE/MASTER_ADDR/MASTER_PORT), tf_config, slurm (srun's variables), "
+                  "torchrun; sets distributed.cluster")
+      ->check(CLI::IsMember({"auto", "tf_config", "slurm", "torchrun"}));
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "trainer: synchronous data-parallel training of image classifiers (ResNet)\n"
@@ -56,6 +64,8 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--epochs", train_opts.epochs, "Override train.epochs")
       ->check(CLI::PositiveNumber);
   add_set_option(train_cmd, &train_opts.overrides);
+  std::string train_cluster;
+  add_cluster_option(train_cmd, &train_cluster);
   train_cmd->add_flag("--overwrite", train_opts.overwrite,
                       "Discard a different job's outputs in --job-dir instead of refusing");
   train_cmd->footer("Job-spec fields (defaults):\n" + config::field_reference());
@@ -122,6 +132,8 @@ int run(int argc, char** argv) {
   inspect_cmd->add_option("--epochs", inspect_opts.epochs, "Override train.epochs")
       ->check(CLI::PositiveNumber);
   add_set_option(inspect_cmd, &inspect_opts.overrides);
+  std::string inspect_cluster;
+  add_cluster_option(inspect_cmd, &inspect_cluster);
 
   cluster::LaunchOptions launch_opts;
   auto* launch_cmd = app.add_subcommand(
@@ -172,6 +184,12 @@ int run(int argc, char** argv) {
   }
 
   util::setup_logging("info");
+  // --cluster is distributed.cluster, after any --set of it.
+  if (!train_cluster.empty())
+    train_opts.overrides.push_back("distributed.cluster=" + train_cluster);
+  if (!inspect_cluster.empty()) {
+    inspect_opts.overrides.push_back("distributed.cluster=" + inspect_cluster);
+  }
   if (*train_cmd) return train::run_train(train_opts);
   if (*make_cmd) {
     make_opts.splits.clear();

@@ -317,11 +317,6 @@ ClusterSpec parse_tf_config(const std::string& text) {
   return spec;
 }
 
-ClusterSpec cluster_from_env() {
-  const char* tf_config = std::getenv("TF_CONFIG");
-  return parse_tf_config(tf_config == nullptr ? "" : tf_config);
-}
-
 nlohmann::json to_json(const ClusterSpec& spec) {
   return {{"task_type", spec.task_type},
           {"task_index", spec.task_index},

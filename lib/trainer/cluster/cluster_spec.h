@@ -41,8 +41,9 @@ struct ClusterSpec {
 // info line when it takes `master` as the chief). Throws ConfigError ("TF_CONFIG: ...").
 ClusterSpec parse_tf_config(const std::string& text);
 
-// parse_tf_config(getenv("TF_CONFIG")), absent = "". Throws ConfigError.
-ClusterSpec cluster_from_env();
+// This process's ClusterSpec from the source distributed.cluster names (auto | tf_config | slurm |
+// torchrun; launch_env.h): TF_CONFIG by default. Throws ConfigError.
+ClusterSpec cluster_from_env(const std::string& source = "auto");
 
 // The host and the port of a "host:port" or "[ipv6]:port" address ("[::1]:2222" -> "::1", 2222).
 // Throws ConfigError naming the address when it is malformed.

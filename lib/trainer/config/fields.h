@@ -210,6 +210,9 @@ void visit(DistributedSpec& s, V& v) {
   v("bucket_mb", s.bucket_mb,
     Field("gradient all-reduce bucket size in MB").above(0).at_most(4096));
   v("interface", s.interface, Field("network interface for Gloo (\"\" = this task's host)"));
+  v("cluster", s.cluster,
+    Field("where each task's role comes from: auto = TF_CONFIG, else torchrun's RANK/WORLD_SIZE")
+        .one_of({"auto", "tf_config", "slurm", "torchrun"}));
 }
 
 template <class V>

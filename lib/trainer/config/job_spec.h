@@ -128,6 +128,7 @@ struct DistributedSpec {
   double timeout_s = 1800;            // a collective that takes longer is an error (exit 4)
   double bucket_mb = 25;              // gradient all-reduce bucket size
   std::string interface;              // network interface for Gloo ("" = this task's host)
+  std::string cluster = "auto";       // role source: auto | tf_config | slurm | torchrun
 };
 
 struct LoggingSpec {

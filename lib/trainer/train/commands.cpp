@@ -9,6 +9,7 @@
 
 #include "trainer/cluster/cluster_spec.h"
 #include "trainer/cluster/job_dir.h"
+#include "trainer/cluster/launch_env.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
@@ -95,7 +96,8 @@ dist::DistOptions dist_options(const config::JobSpec& spec, const cluster::Clust
   if (cluster.world_size > 1) {
     o.chief_host = cluster::host_of(cluster.chief_address);
     o.chief_port = cluster::port_of(cluster.chief_address);
-    o.own_host = cluster::host_of(cluster.own_address);
+    // No own address (a torchrun worker): Gloo binds to this machine's hostname.
+    o.own_host = cluster.own_address.empty() ? "" : cluster::host_of(cluster.own_address);
     for (int r = 0; r < cluster.world_size; ++r) {
       o.task_names.push_back(cluster::task_name(cluster, r) + " (" + cluster.worker_addresses[r] +
                              ")");
@@ -241,7 +243,7 @@ int run_train(const TrainOptions& options) {
   if (options.job_dir.empty()) throw UsageError("--job-dir is required");
   // 1. The job and this process's role.
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, options.epochs);
-  const cluster::ClusterSpec cluster = cluster::cluster_from_env();
+  const cluster::ClusterSpec cluster = cluster::cluster_from_env(spec.distributed.cluster);
   const cluster::JobDir job_dir(util::local_path(options.job_dir, "--job-dir"), cluster);
   if (cluster.task_type == "evaluator") {  // outside the training group: no rendezvous
     job_dir.prepare();
@@ -283,10 +285,14 @@ int run_train(const TrainOptions& options) {
 
 int run_inspect(const InspectOptions& options, std::ostream& out) {
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, options.epochs);
-  const cluster::ClusterSpec cluster = cluster::cluster_from_env();
+  const cluster::ClusterSpec cluster = cluster::cluster_from_env(spec.distributed.cluster);
   nlohmann::json doc;
   doc["job"] = config::to_json(spec);
   doc["cluster"] = cluster::to_json(cluster);
+  if (spec.distributed.cluster == "slurm") {  // the TF_CONFIG this SLURM task amounts to
+    doc["cluster"]["tf_config"] =
+        nlohmann::json::parse(cluster::tf_config_from_slurm(cluster::process_environment()));
+  }
   const std::string job_root =
       options.job_dir.empty() ? "" : util::local_path(options.job_dir, "--job-dir");
   if (!job_root.empty()) {

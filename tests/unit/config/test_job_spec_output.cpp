@@ -63,7 +63,7 @@ JobSpec every_field_changed() {
   s.train.max_steps = 77;
   s.train.scale_lr = "linear";
   s.checkpoint = {2, 5, 9};
-  s.distributed = {"gloo", 30.5, 60, 4, "eth0"};
+  s.distributed = {"gloo", 30.5, 60, 4, "eth0", "slurm"};
   s.logging = {50, "debug"};
   return s;
 }
@@ -139,7 +139,7 @@ TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
 
 TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
   const auto flat = flatten(minimal());
-  REQUIRE(flat.size() == 72);
+  REQUIRE(flat.size() == 73);
   CHECK(flat.front().first == "model.arch");
   CHECK(flat.back().first == "logging.level");
   std::set<std::string> paths;
@@ -199,7 +199,7 @@ TEST_CASE("resumable_changes: what may change between runs of one job", "[config
       "train.epochs",          "train.max_steps",       "logging.",
       "checkpoint.",           "train.threads",         "data.num_workers",
       "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
-      "distributed.interface"};
+      "distributed.interface", "distributed.cluster"};
   std::vector<std::string> with_cache = speed_only;
   with_cache.push_back("data.cache");
   CHECK(resumable_changes(a) == with_cache);
@@ -212,6 +212,7 @@ TEST_CASE("resumable_changes: what may change between runs of one job", "[config
   moved.distributed.timeout_s = 60;
   moved.distributed.rendezvous_timeout_s = 30;
   moved.distributed.interface = "eth1";
+  moved.distributed.cluster = "slurm";  // the same job relaunched under SLURM
   moved.data.cache = "memory";
   moved.checkpoint.keep = 9;
   CHECK_FALSE(first_difference(a, moved, resumable_changes(a)).has_value());
@@ -264,8 +265,9 @@ TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]
   // Workers of one job compare fingerprints, possibly built on different machines. This value
   // changes only when the field table (names, order) or the canonical text changes: update it
   // on purpose, never to make the test pass.
-  // Last changed on purpose: model.sync_batchnorm and checkpoint.every_steps were added.
-  CHECK(fingerprint(minimal()) == "3620a64f8d197608a7e6faeed2bfbd7b");
+  // Last changed on purpose: distributed.cluster was added. (Checkpoints compare the fingerprint
+  // without resumable_changes, which ignores it: job dirs written before it still resume.)
+  CHECK(fingerprint(minimal()) == "7fda511922817ed6e13451f37672e609");
 }
 
 TEST_CASE("to_json has the same tree", "[config]") {
