@@ -646,6 +646,10 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
   };
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t n_threads = std::min<size_t>({hw, 8, std::max<size_t>(1, jobs.size() / 16)});
+  // OpenCV creates its matrix-expression singleton on first use with unsynchronised
+  // double-checked locking; create it here, before the threads, so they only read it
+  // (ThreadSanitizer reported the threads' first cv::Mat::zeros racing with its creation).
+  (void)cv::Mat(cv::Mat::zeros(1, 1, CV_8U));
   std::vector<std::thread> threads;
   for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(work);
   work();

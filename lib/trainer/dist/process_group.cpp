@@ -14,6 +14,7 @@
 
 #include "trainer/dist/group_impl.h"
 #include "trainer/util/error.h"
+#include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::dist {
@@ -187,10 +188,10 @@ ProcessGroup::Impl::~Impl() {
   bool leak = !failure.empty();
   for (auto& w : in_flight) leak = leak || !w->isCompleted();
   if (leak) {
-    for (auto& w : in_flight) w.release();
-    cuda.release();
-    cpu.release();
-    store.release();
+    for (auto& w : in_flight) util::leak_on_purpose(w.release());
+    util::leak_on_purpose(cuda.release());
+    util::leak_on_purpose(cpu.release());
+    util::leak_on_purpose(store.release());
   }
 }
 

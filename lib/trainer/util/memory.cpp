@@ -10,6 +10,18 @@
 #include <mutex>
 #include <string>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TRAINER_HAS_LSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TRAINER_HAS_LSAN 1
+#endif
+#ifdef TRAINER_HAS_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 // Present when the binary links jemalloc (weak: null otherwise, e.g. in the unit tests).
 extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen)
     __attribute__((weak));
@@ -118,6 +130,14 @@ int64_t available_memory_bytes() {
   lower(read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
         read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
   return available;
+}
+
+void leak_on_purpose(const void* p) {
+#ifdef TRAINER_HAS_LSAN
+  if (p != nullptr) __lsan_ignore_object(p);
+#else
+  (void)p;
+#endif
 }
 
 }  // namespace trainer::util

@@ -24,6 +24,11 @@ AllocatorInfo configure_allocator();
 // The allocator already configured (same values as configure_allocator returned).
 AllocatorInfo allocator_info();
 
+// Declares `p` (a heap object this process gives up on purpose: a process group whose threads
+// may be blocked on a dead peer) as meant to outlive the process, so that LeakSanitizer in the
+// sanitizer build treats it, and what it holds, as reachable. A no-op in other builds.
+void leak_on_purpose(const void* p);
+
 struct ResourceUsage {
   int64_t minor_faults = 0;  // page faults served without I/O (first touch of a page)
   int64_t major_faults = 0;
