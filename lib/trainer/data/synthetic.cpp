@@ -119,8 +119,12 @@ struct Leaf {
 Leaf random_leaf(int size, Rng& rng, double scale) {
   Leaf leaf;
   const double s = size;
-  leaf.centre = cv::Point2f(static_cast<float>(s * uniform(rng, 0.38, 0.62)),
-                            static_cast<float>(s * uniform(rng, 0.38, 0.62)));
+  // Every draw is its own statement: the order in which a call's arguments are evaluated is
+  // unspecified (gcc goes right to left, clang left to right), and the images must not depend on
+  // the compiler. The order kept here is the one gcc builds always had (y before x, ...).
+  const double cy = uniform(rng, 0.38, 0.62);
+  const double cx = uniform(rng, 0.38, 0.62);
+  leaf.centre = cv::Point2f(static_cast<float>(s * cx), static_cast<float>(s * cy));
   leaf.orientation = uniform(rng, 0.0, 2.0 * kPi);
   const int lobes = static_cast<int>(uniform_int(rng, 5, 8));
   const double spread = uniform(rng, 0.95, 1.3) * kPi;  // fan of the lobes
@@ -234,8 +238,9 @@ void paint_pattern(const ClassStyle& style, const Leaf& leaf, const cv::Mat& mas
       const int dots = static_cast<int>(s * s * uniform(rng, 0.05, 0.08));
       const double radius = std::max(0.6, s / 130.0);
       for (int i = 0; i < dots; ++i) {
-        const cv::Point c(static_cast<int>(uniform_int(rng, 0, size)),
-                          static_cast<int>(uniform_int(rng, 0, size)));
+        const auto cy = static_cast<int>(uniform_int(rng, 0, size));  // y first (random_leaf)
+        const auto cx = static_cast<int>(uniform_int(rng, 0, size));
+        const cv::Point c(cx, cy);
         const int r = std::max(1, cvRound(radius * uniform(rng, 0.7, 1.5)));
         cv::circle(tex, c, r - 1 > 0 ? r - 1 : 0, jitter(style.lesion, rng, 15), cv::FILLED,
                    cv::LINE_AA);
@@ -275,8 +280,9 @@ cv::Mat render_image(int k, int size, Rng& rng) {
 
   // Soil: brown/grey base, coarse variation, pebbles and dry grass.
   const double soil_red = uniform(rng, 90, 150);
-  const cv::Scalar soil(soil_red * uniform(rng, 0.45, 0.65), soil_red * uniform(rng, 0.72, 0.88),
-                        soil_red);
+  const double soil_green = soil_red * uniform(rng, 0.72, 0.88);  // draws in gcc's order
+  const double soil_blue = soil_red * uniform(rng, 0.45, 0.65);
+  const cv::Scalar soil(soil_blue, soil_green, soil_red);
   cv::Mat image(size, size, CV_32FC3, soil);
   {
     const cv::Mat field = smooth_field(size, 4, rng);
@@ -290,21 +296,25 @@ cv::Mat render_image(int k, int size, Rng& rng) {
     const int pebbles = static_cast<int>(uniform_int(rng, 3, 10));
     for (int i = 0; i < pebbles; ++i) {
       const double shade = uniform(rng, -35, 35);
-      cv::ellipse(image,
-                  cv::RotatedRect(cv::Point2f(static_cast<float>(uniform(rng, 0, s)),
-                                              static_cast<float>(uniform(rng, 0, s))),
-                                  cv::Size2f(static_cast<float>(s * uniform(rng, 0.02, 0.06)),
-                                             static_cast<float>(s * uniform(rng, 0.015, 0.04))),
-                                  static_cast<float>(uniform(rng, 0, 180))),
+      const auto angle = static_cast<float>(uniform(rng, 0, 180));  // draws in gcc's order
+      const auto height = static_cast<float>(s * uniform(rng, 0.015, 0.04));
+      const auto width = static_cast<float>(s * uniform(rng, 0.02, 0.06));
+      const auto y = static_cast<float>(uniform(rng, 0, s));
+      const auto x = static_cast<float>(uniform(rng, 0, s));
+      cv::ellipse(image, cv::RotatedRect(cv::Point2f(x, y), cv::Size2f(width, height), angle),
                   soil + cv::Scalar::all(shade), cv::FILLED, cv::LINE_AA);
     }
     const int blades = static_cast<int>(uniform_int(rng, 0, 5));
     for (int i = 0; i < blades; ++i) {
-      const cv::Point2f a(static_cast<float>(uniform(rng, 0, s)),
-                          static_cast<float>(uniform(rng, 0, s)));
-      cv::line(image, to_px(a),
-               to_px(polar(a, uniform(rng, 0, 2 * kPi), s * uniform(rng, 0.1, 0.25))),
-               cv::Scalar(uniform(rng, 70, 100), uniform(rng, 130, 160), uniform(rng, 150, 180)),
+      const auto ay = static_cast<float>(uniform(rng, 0, s));  // draws in gcc's order
+      const auto ax = static_cast<float>(uniform(rng, 0, s));
+      const cv::Point2f a(ax, ay);
+      const double red = uniform(rng, 150, 180);
+      const double green = uniform(rng, 130, 160);
+      const double blue = uniform(rng, 70, 100);
+      const double length = s * uniform(rng, 0.1, 0.25);
+      const double direction = uniform(rng, 0, 2 * kPi);
+      cv::line(image, to_px(a), to_px(polar(a, direction, length)), cv::Scalar(blue, green, red),
                std::max(1, cvRound(s / 120.0)), cv::LINE_AA);
     }
   }
@@ -336,9 +346,12 @@ cv::Mat render_image(int k, int size, Rng& rng) {
   // Petiole (cassava's are reddish) of the main leaf.
   const cv::Point2f petiole_end =
       polar(leaf.centre, leaf.orientation + kPi, s * uniform(rng, 0.3, 0.5));
+  const double petiole_red = uniform(rng, 120, 170);  // draws in gcc's order
+  const double petiole_green = uniform(rng, 50, 90);
+  const double petiole_blue = uniform(rng, 40, 70);
   cv::line(image, to_px(leaf.centre), to_px(petiole_end),
-           cv::Scalar(uniform(rng, 40, 70), uniform(rng, 50, 90), uniform(rng, 120, 170)),
-           std::max(1, cvRound(s / 55.0)), cv::LINE_AA);
+           cv::Scalar(petiole_blue, petiole_green, petiole_red), std::max(1, cvRound(s / 55.0)),
+           cv::LINE_AA);
 
   // Composite with a lighting gradient across the leaf.
   const double light_angle = uniform(rng, 0, 2 * kPi);
