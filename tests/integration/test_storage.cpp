@@ -9,7 +9,7 @@
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
 
-TEST_CASE("--job-dir gs:// with no bucket mounted: exit 2 saying how to mount it, nothing written",
+TEST_CASE("a gs:// job dir with no bucket mounted: exit 2 saying how to mount it, nothing written",
           "[storage]") {
   TempDir dir("storage_unmounted");
   make_dataset(dir.path(), "data", 2, 32);
@@ -46,7 +46,7 @@ TEST_CASE("--job-dir gs:// with no bucket mounted: exit 2 saying how to mount it
   CHECK_THAT(predict.err, Contains("--model 'gs://my-bucket/run1/model'"));
 }
 
-TEST_CASE("--job-dir and data under gs:// train through the bucket's mount", "[storage]") {
+TEST_CASE("a job dir and data under gs:// train through the bucket's mount", "[storage]") {
   TempDir dir("storage_mounted");
   REQUIRE_TMPFS(dir.path());
   Tmpfs bucket(dir / "gcs" / "my-bucket", 256 << 20);
