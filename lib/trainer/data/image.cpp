@@ -1,9 +1,12 @@
 #include "trainer/data/image.h"
 
 #include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "trainer/data/random.h"
 #include "trainer/data/transforms.h"
@@ -109,6 +112,25 @@ torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool
     x.div_(torch::tensor({0.229f, 0.224f, 0.225f}, opts).view({1, 3, 1, 1}));
   }
   return x;
+}
+
+std::string encode_png(const torch::Tensor& image) {
+  if (image.dim() != 3 || image.size(2) != 3 || image.scalar_type() != torch::kUInt8) {
+    std::ostringstream got;
+    got << image.sizes() << " " << image.scalar_type();
+    throw Error(ErrorKind::kInternal,
+                "encode_png: expected an [H, W, 3] uint8 image, got " + got.str());
+  }
+  const torch::Tensor rgb = image.to(torch::kCPU).contiguous();
+  const cv::Mat view(static_cast<int>(rgb.size(0)), static_cast<int>(rgb.size(1)), CV_8UC3,
+                     rgb.data_ptr<uint8_t>());
+  cv::Mat bgr;
+  cv::cvtColor(view, bgr, cv::COLOR_RGB2BGR);
+  std::vector<uint8_t> png;
+  if (!cv::imencode(".png", bgr, png)) {
+    throw Error(ErrorKind::kInternal, "encode_png: OpenCV could not encode the image");
+  }
+  return std::string(png.begin(), png.end());
 }
 
 }  // namespace trainer::data

@@ -61,4 +61,8 @@ Normalize parse_normalize(const std::string& mode, const std::string& field = "d
 // else contiguous NCHW.
 torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last);
 
+// A pipeline image as PNG bytes (for summaries): [H, W, 3] uint8 RGB, any device and strides.
+// Anything else is Error(kInternal).
+std::string encode_png(const torch::Tensor& image);
+
 }  // namespace trainer::data

@@ -128,6 +128,7 @@ struct RecordWriter::Impl {
   Compression compression;
   FILE* file = nullptr;
   gzFile gz = nullptr;
+  std::vector<char> buffer;  // stdio's for `file` (glibc ignores the size without a buffer)
   int64_t written = 0;
 
   [[noreturn]] void fail(const std::string& what, const std::string& detail) {
@@ -162,7 +163,8 @@ RecordWriter::RecordWriter(const std::string& path, Compression c) : impl_(new I
   } else {
     impl_->file = std::fopen(path.c_str(), "wbe");
     if (impl_->file == nullptr) impl_->fail("cannot create", errno_text());
-    std::setvbuf(impl_->file, nullptr, _IOFBF, 1u << 20);
+    impl_->buffer.resize(1u << 20);
+    std::setvbuf(impl_->file, impl_->buffer.data(), _IOFBF, impl_->buffer.size());
   }
 }
 
@@ -188,18 +190,42 @@ RecordWriter& RecordWriter::operator=(RecordWriter&& other) noexcept {
   return *this;
 }
 
+namespace {
+
+void frame(const std::string& data, char (&header)[kHeaderBytes], char (&footer)[kFooterBytes]) {
+  put_le64(header, data.size());
+  put_le32(header + 8, masked_crc(header, 8));
+  put_le32(footer, masked_crc(data.data(), data.size()));
+}
+
+}  // namespace
+
+std::string frame_record(const std::string& data) {
+  char header[kHeaderBytes];
+  char footer[kFooterBytes];
+  frame(data, header, footer);
+  std::string out(header, sizeof header);
+  out += data;
+  out.append(footer, sizeof footer);
+  return out;
+}
+
 void RecordWriter::write(const std::string& data) {
   Impl& w = *impl_;
   if (w.file == nullptr && w.gz == nullptr) w.fail("cannot write", "the writer is closed");
   char header[kHeaderBytes];
-  put_le64(header, data.size());
-  put_le32(header + 8, masked_crc(header, 8));
   char footer[kFooterBytes];
-  put_le32(footer, masked_crc(data.data(), data.size()));
+  frame(data, header, footer);
   w.put(header, sizeof header);
   w.put(data.data(), data.size());
   w.put(footer, sizeof footer);
   ++w.written;
+}
+
+void RecordWriter::flush() {
+  Impl& w = *impl_;
+  if (w.file != nullptr && std::fflush(w.file) != 0) w.fail("cannot write", errno_text());
+  if (w.gz != nullptr && gzflush(w.gz, Z_SYNC_FLUSH) != Z_OK) w.fail("cannot write", w.gz_detail());
 }
 
 void RecordWriter::close() {

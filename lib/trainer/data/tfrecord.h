@@ -36,6 +36,9 @@ struct RecordError : DataError {
   bool recoverable;
 };
 
+// One record as it is written: header, data, footer (for writing a whole file at once).
+std::string frame_record(const std::string& data);
+
 // Appends records to a new file (truncating an existing one). Errors are DataError naming the
 // path. The destructor closes quietly; call close() to see errors. Movable; a moved-from writer
 // may only be destroyed or assigned to.
@@ -47,6 +50,7 @@ class RecordWriter {
   RecordWriter& operator=(RecordWriter&&) noexcept;
 
   void write(const std::string& data);
+  void flush();  // hands the buffered records to the OS (a reader sees them whole)
   void close();  // flushes and closes; further write() is an error; a second close() is a no-op
   int64_t records_written() const;
 
