@@ -13,6 +13,7 @@
 
 #include "fixtures.h"
 #include "harness.h"
+#include "summaries.h"
 
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
@@ -126,8 +127,13 @@ TEST_CASE("after a 3-process run only the chief's outputs remain and metrics are
   std::set<std::string> entries;
   for (const auto& e : fs::directory_iterator(dir / "job"))
     entries.insert(e.path().filename().string());
-  CHECK(entries ==
-        std::set<std::string>{"checkpoints", "job.yaml", "metrics.jsonl", "model", "trainer.log"});
+  CHECK(entries == std::set<std::string>{"checkpoints", "job.yaml", "logs", "metrics.jsonl",
+                                         "model", "trainer.log"});
+  // TensorBoard: one events file per run, the chief's; each step once.
+  CHECK(tfevents_under(dir / "job").size() == 2);
+  CHECK(summary_steps(dir / "job" / "logs" / "train", "loss") == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(summary_steps(dir / "job" / "logs" / "validation", "epoch_accuracy") ==
+        std::vector<int64_t>{2, 4});
   // 30 examples / 3 workers = 10 each, batch 4: 2 lock-step steps per epoch, 2 epochs.
   int64_t steps = 0, vals = 0;
   for (const auto& rec : read_metrics(dir / "job" / "metrics.jsonl")) {

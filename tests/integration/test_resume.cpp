@@ -5,6 +5,7 @@
 
 #include "fixtures.h"
 #include "harness.h"
+#include "summaries.h"
 
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
@@ -55,6 +56,16 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
     step_records += rec.contains("loss") ? 1 : 0;
   }
   CHECK(step_records == 6);
+  // So is each TensorBoard point: the first run's file keeps steps 1..3, the resumed run's new
+  // file (named to sort after it) holds 4..6, so no curve doubles back.
+  CHECK(fs::exists(dir / "split" / "logs" / "train"));
+  CHECK(tfevents_under(dir / "split" / "logs" / "train").size() == 2);
+  CHECK(summary_steps(dir / "split" / "logs" / "train", "loss") ==
+        summary_steps(dir / "full" / "logs" / "train", "loss"));
+  CHECK(summary_steps(dir / "split" / "logs" / "train", "loss") ==
+        std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(summary_steps(dir / "split" / "logs" / "validation", "epoch_loss") ==
+        std::vector<int64_t>{3, 6});
 
   SECTION("a truncated newest checkpoint is skipped") {
     const Result again =

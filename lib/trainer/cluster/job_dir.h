@@ -1,5 +1,5 @@
 // The job directory layout and the one helper that decides where this process may write.
-// The chief owns JOB_DIR (job.yaml, metrics.jsonl, checkpoints/, model/); every other worker
+// The chief owns JOB_DIR (job.yaml, metrics.jsonl, checkpoints/, model/, logs/); every other worker
 // writes only under JOB_DIR/workertemp_<task index>/, which it removes when it ends cleanly; the
 // evaluator task owns JOB_DIR/eval/ (its metrics.jsonl and log), which it keeps.
 // Nothing else in the program checks the rank to decide a path. Not thread-safe to prepare();
@@ -31,6 +31,7 @@ class JobDir {
   fs::path metrics_file() const { return write_dir_ / "metrics.jsonl"; }
   fs::path checkpoints_dir() const { return root_ / "checkpoints"; }
   fs::path model_dir() const { return root_ / "model"; }
+  fs::path logs_dir() const { return root_ / "logs"; }  // the chief's TensorBoard runs
   fs::path log_file() const { return write_dir_ / "trainer.log"; }
 
   // Creates write_dir() (and the chief's sub-dirs) and checks that it is writable. Throws

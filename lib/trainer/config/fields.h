@@ -220,6 +220,14 @@ void visit(LoggingSpec& s, V& v) {
   v("every_steps", s.every_steps,
     Field("plain log line every N steps (metrics.jsonl gets every step)").at_least(1));
   v("level", s.level, Field("log level").one_of({"trace", "debug", "info", "warn", "error"}));
+  v("tensorboard", s.tensorboard,
+    Field("chief writes TensorBoard event files to JOB_DIR/logs/train and logs/validation"));
+  v("flush_secs", s.flush_secs,
+    Field("event files are flushed at least every N seconds, and at exit").above(0).at_most(3600));
+  v("images_per_epoch", s.images_per_epoch,
+    Field("training input images written to the event file per epoch (PNG)")
+        .at_least(0)
+        .at_most(64));
 }
 
 template <class V>
@@ -229,7 +237,7 @@ void visit(JobSpec& s, V& v) {
   v.section("train", s.train, "the training loop");
   v.section("checkpoint", s.checkpoint, "checkpoints (written by the chief)");
   v.section("distributed", s.distributed, "multi-worker training (TF_CONFIG)");
-  v.section("logging", s.logging, "log lines and metrics");
+  v.section("logging", s.logging, "log lines, metrics and TensorBoard summaries");
 }
 
 // The names of S's fields and sections, in order (for unknown-key messages).

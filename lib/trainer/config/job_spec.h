@@ -134,6 +134,9 @@ struct DistributedSpec {
 struct LoggingSpec {
   int every_steps = 10;        // plain log line / metrics record every N steps
   std::string level = "info";  // trace | debug | info | warn | error
+  bool tensorboard = true;     // the chief writes event files under JOB_DIR/logs/{train,validation}
+  double flush_secs = 30;      // event files are flushed at least this often (and at exit)
+  int images_per_epoch = 4;    // training input images shown per epoch (0 = none)
 };
 
 struct JobSpec {

@@ -13,6 +13,7 @@
 #include "trainer/train/agreement.h"
 #include "trainer/train/data_plan.h"
 #include "trainer/train/evaluate.h"
+#include "trainer/train/events.h"
 #include "trainer/train/metrics.h"
 #include "trainer/train/model_dir.h"
 #include "trainer/train/optimizer.h"
@@ -242,14 +243,17 @@ class Stepper {
 // time, metrics.jsonl records, the progress bar and the epoch's log line.
 class EpochMeter {
  public:
-  EpochMeter(const DataPlan& plan, bool distributed, MetricsLog metrics, Progress progress)
+  EpochMeter(const DataPlan& plan, bool distributed, MetricsLog metrics, Summaries summaries,
+             Progress progress)
       : workers_(plan.num_workers),
         distributed_(distributed),
         metrics_(std::move(metrics)),
+        summaries_(std::move(summaries)),
         progress_(std::move(progress)) {}
 
   void start_epoch(const TrainPosition& pos, int64_t epochs, int64_t steps) {
     progress_.start_epoch(pos.epoch, epochs, steps, pos.batch_in_epoch);
+    images_due_ = true;
     epoch_start_ = step_start_ = Clock::now();
     usage_ = util::resource_usage();
     loss_sum_ = correct_sum_ = comm_wait_s_ = step_time_s_ = data_wait_s_ = sys_s_ = 0;
@@ -264,8 +268,9 @@ class EpochMeter {
     return batch;
   }
 
-  // After a step (pos: the position after it): its metrics.jsonl record and the progress bar.
-  void end_step(const TrainPosition& pos, const StepResult& r, double lr,
+  // After a step (pos: the position after it): its metrics.jsonl record, its summaries (with
+  // the batch's first images at an epoch's first step) and the progress bar.
+  void end_step(const TrainPosition& pos, const data::Batch& batch, const StepResult& r, double lr,
                 const dist::GradSyncStats& sync) {
     const auto now = Clock::now();
     const double dt = seconds(now - step_start_);
@@ -297,6 +302,9 @@ class EpochMeter {
       record["comm_wait_s"] = sync.wait_s;
     }
     metrics_.write(pos.global_step, pos.epoch + 1, record);
+    summaries_.train_step(pos.global_step, record);
+    if (images_due_) summaries_.input_images(pos.global_step, batch.images);
+    images_due_ = false;
     progress_.step(pos.batch_in_epoch, r.loss, r.accuracy, lr, ips_ema_);
   }
 
@@ -340,13 +348,18 @@ class EpochMeter {
 
   void write_epoch(const TrainPosition& pos, const std::map<std::string, double>& record) {
     metrics_.write(pos.global_step, pos.epoch + 1, record);
+    summaries_.epoch(pos.global_step, record);
   }
+
+  void close() { summaries_.close(); }
 
  private:
   int workers_;
   bool distributed_;
   MetricsLog metrics_;
+  Summaries summaries_;
   Progress progress_;
+  bool images_due_ = false;
   Clock::time_point epoch_start_, step_start_;
   util::ResourceUsage usage_;
   double data_wait_ = 0, ips_ema_ = 0;
@@ -438,6 +451,20 @@ class ChiefWrites {
       pos.global_step));
 }
 
+// The chief's TensorBoard event files (logging.tensorboard), opened inside agree() so that a
+// failure on the chief stops every rank; the resolved job spec is their first summary.
+Summaries open_summaries(const config::JobSpec& spec, const TrainContext& ctx, int64_t first_step) {
+  Summaries summaries;
+  agree(ctx.group, ctx.cluster, "opening the TensorBoard event files", [&] {
+    if (!ctx.job_dir.is_chief() || !spec.logging.tensorboard) return;
+    ctx.job_dir.write_while_present([&] {
+      summaries = Summaries(ctx.job_dir.logs_dir(), spec.logging, first_step);
+      summaries.job_spec(first_step, config::to_yaml(spec));
+    });
+  });
+  return summaries;
+}
+
 void add_validation(const EvalCounts& val, std::map<std::string, double>* metrics,
                     std::string* line) {
   (*metrics)["val_loss"] = val.loss();
@@ -491,8 +518,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   dist::broadcast_parameters(group, replica_state(stepper.net()));
   stepper.connect(group);
   ChiefWrites chief(spec, ctx, stepper);
-  EpochMeter meter(plan, group.world_size() > 1,
-                   MetricsLog(ctx.job_dir.metrics_file(), ctx.resume ? pos.global_step : 0),
+  const int64_t first_step = ctx.resume ? pos.global_step : 0;
+  EpochMeter meter(plan, group.world_size() > 1, MetricsLog(ctx.job_dir.metrics_file(), first_step),
+                   open_summaries(spec, ctx, first_step),
                    Progress(util::stderr_is_tty(), spec.logging.every_steps));
 
   // 4. The loop: steps, then per epoch validation and the checkpoint cadence.
@@ -514,7 +542,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape);
       const StepResult r = stepper.step(*batch, lr);
       pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
-      meter.end_step(pos, r, lr, stepper.sync_stats());
+      meter.end_step(pos, *batch, r, lr, stepper.sync_stats());
       if (stepper.stop_everywhere()) stop_on_signal(meter, chief, pos);  // every replica alike
       if ((stop = at_max_steps())) break;
       chief.checkpoint_if_step_due(pos);
@@ -540,6 +568,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
 
   // 5. Export (chief only), after proving the replicas agree.
   summary.global_step = pos.global_step;
+  meter.close();
   chief.export_model(summary);
   return summary;
 }

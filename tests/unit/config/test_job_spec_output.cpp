@@ -64,7 +64,7 @@ JobSpec every_field_changed() {
   s.train.scale_lr = "linear";
   s.checkpoint = {2, 5, 9};
   s.distributed = {"gloo", 30.5, 60, 4, "eth0", "slurm"};
-  s.logging = {50, "debug"};
+  s.logging = {50, "debug", false, 2.5, 9};
   return s;
 }
 
@@ -139,9 +139,9 @@ TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
 
 TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
   const auto flat = flatten(minimal());
-  REQUIRE(flat.size() == 73);
+  REQUIRE(flat.size() == 76);
   CHECK(flat.front().first == "model.arch");
-  CHECK(flat.back().first == "logging.level");
+  CHECK(flat.back().first == "logging.images_per_epoch");
   std::set<std::string> paths;
   for (const auto& [p, v] : flat) paths.insert(p);
   CHECK(paths.size() == flat.size());  // no field listed twice
@@ -265,9 +265,10 @@ TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]
   // Workers of one job compare fingerprints, possibly built on different machines. This value
   // changes only when the field table (names, order) or the canonical text changes: update it
   // on purpose, never to make the test pass.
-  // Last changed on purpose: distributed.cluster was added. (Checkpoints compare the fingerprint
-  // without resumable_changes, which ignores it: job dirs written before it still resume.)
-  CHECK(fingerprint(minimal()) == "7fda511922817ed6e13451f37672e609");
+  // Last changed on purpose: logging.tensorboard, logging.flush_secs and
+  // logging.images_per_epoch were added. (Checkpoints compare the fingerprint without
+  // resumable_changes, which ignores logging.*: job dirs written before them still resume.)
+  CHECK(fingerprint(minimal()) == "1df71c65b4be9d167bfa60e0a74f21d5");
 }
 
 TEST_CASE("to_json has the same tree", "[config]") {
