@@ -62,13 +62,6 @@ std::string serialize(const pb::Event& event) {
   return bytes;
 }
 
-void set_plugin(pb::Summary::Value* value, const char* plugin,
-                pb::SummaryMetadata::DataClass data_class) {
-  auto* meta = value->mutable_metadata();
-  meta->mutable_plugin_data()->set_plugin_name(plugin);
-  meta->set_data_class(data_class);
-}
-
 SummaryValue to_value(const pb::Summary::Value& v) {
   SummaryValue out;
   out.tag = v.tag();
@@ -179,8 +172,8 @@ struct EventWriter::Impl {
     writer.write(serialize(event));
   }
 
-  // The first value of a tag in this file carries the plugin metadata; later ones do not.
-  bool first_of(const std::string& tag) { return tags_with_metadata.insert(tag).second; }
+  pb::TensorProto* add_value(pb::Event* event, const std::string& tag, const char* plugin,
+                             int data_class, int dtype);
 };
 
 EventWriter::EventWriter(const fs::path& dir, double flush_secs) {
@@ -218,53 +211,58 @@ EventWriter::~EventWriter() {
   }
 }
 
-void EventWriter::scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+namespace {
+
+pb::Event event_at(int64_t step) {
   pb::Event event;
   event.set_wall_time(wall_time_now());
   event.set_step(step);
+  return event;
+}
+
+}  // namespace
+
+// A value of `tag` in `event` holding a tensor of `dtype`; the first value of a tag in this file
+// carries the plugin metadata, later ones do not (as TensorFlow's writers do). mu held.
+pb::TensorProto* EventWriter::Impl::add_value(pb::Event* event, const std::string& tag,
+                                              const char* plugin, int data_class, int dtype) {
+  auto* value = event->mutable_summary()->add_value();
+  value->set_tag(tag);
+  if (tags_with_metadata.insert(tag).second) {
+    auto* meta = value->mutable_metadata();
+    meta->mutable_plugin_data()->set_plugin_name(plugin);
+    meta->set_data_class(static_cast<pb::SummaryMetadata::DataClass>(data_class));
+  }
+  auto* t = value->mutable_tensor();
+  t->set_dtype(static_cast<pb::DataType>(dtype));
+  t->mutable_tensor_shape();  // no dims: a scalar, unless the caller adds some
+  return t;
+}
+
+void EventWriter::scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+  pb::Event event = event_at(step);
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (const auto& [tag, x] : values) {
-    auto* value = event.mutable_summary()->add_value();
-    value->set_tag(tag);
-    if (impl_->first_of(tag)) {
-      set_plugin(value, "scalars", pb::SummaryMetadata::DATA_CLASS_SCALAR);
-    }
-    auto* t = value->mutable_tensor();
-    t->set_dtype(pb::DT_FLOAT);
-    t->mutable_tensor_shape();  // a scalar: a shape with no dims
-    t->add_float_val(static_cast<float>(x));
+    impl_->add_value(&event, tag, "scalars", pb::SummaryMetadata::DATA_CLASS_SCALAR, pb::DT_FLOAT)
+        ->add_float_val(static_cast<float>(x));
   }
   impl_->write(event);
 }
 
 void EventWriter::text(int64_t step, const std::string& tag, const std::string& markdown) {
-  pb::Event event;
-  event.set_wall_time(wall_time_now());
-  event.set_step(step);
+  pb::Event event = event_at(step);
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto* value = event.mutable_summary()->add_value();
-  value->set_tag(tag);
-  if (impl_->first_of(tag)) set_plugin(value, "text", pb::SummaryMetadata::DATA_CLASS_TENSOR);
-  auto* t = value->mutable_tensor();
-  t->set_dtype(pb::DT_STRING);
-  t->mutable_tensor_shape();
-  t->add_string_val(markdown);
+  impl_->add_value(&event, tag, "text", pb::SummaryMetadata::DATA_CLASS_TENSOR, pb::DT_STRING)
+      ->add_string_val(markdown);
   impl_->write(event);
 }
 
 void EventWriter::images(int64_t step, const std::string& tag,
                          const std::vector<std::string>& encoded, int64_t width, int64_t height) {
-  pb::Event event;
-  event.set_wall_time(wall_time_now());
-  event.set_step(step);
+  pb::Event event = event_at(step);
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto* value = event.mutable_summary()->add_value();
-  value->set_tag(tag);
-  if (impl_->first_of(tag)) {
-    set_plugin(value, "images", pb::SummaryMetadata::DATA_CLASS_BLOB_SEQUENCE);
-  }
-  auto* t = value->mutable_tensor();
-  t->set_dtype(pb::DT_STRING);
+  pb::TensorProto* t = impl_->add_value(
+      &event, tag, "images", pb::SummaryMetadata::DATA_CLASS_BLOB_SEQUENCE, pb::DT_STRING);
   t->mutable_tensor_shape()->add_dim()->set_size(static_cast<int64_t>(encoded.size()) + 2);
   t->add_string_val(std::to_string(width));
   t->add_string_val(std::to_string(height));
