@@ -164,7 +164,7 @@ struct EventWriter::Impl {
   std::string flush_error;  // what the flusher thread met, thrown by the next call
   std::thread flusher;
 
-  Impl(fs::path p) : path(std::move(p)), writer(path.string()) {}
+  explicit Impl(fs::path p) : path(std::move(p)), writer(path.string()) {}
 
   void write(const pb::Event& event) {  // mu held
     if (!flush_error.empty()) throw DataError(flush_error);
