@@ -107,7 +107,7 @@ size_t count_of(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("plan_launch: chief at the base port, then the workers; one TF_CONFIG per task") {
+TEST_CASE("plan_launch: chief at the base port, then the workers, one TF_CONFIG per task") {
   LaunchOptions o;
   o.workers = 2;
   o.chief = true;

@@ -255,7 +255,7 @@ TEST_CASE("loader: skip mode drops, counts and remembers corrupt images", "[data
   }
 }
 
-TEST_CASE("loader: destruction mid-epoch is prompt; bad options are refused", "[data][loader]") {
+TEST_CASE("loader: destruction mid-epoch is prompt, bad options are refused", "[data][loader]") {
   TempDir tmp;
   const std::vector<Example> examples = make_examples(tmp, 40);
   const auto t0 = std::chrono::steady_clock::now();
@@ -287,7 +287,7 @@ TEST_CASE("loader: destruction mid-epoch is prompt; bad options are refused", "[
   CHECK_FALSE(empty.next().has_value());
 }
 
-TEST_CASE("loader: an order function replaces epoch_order; seeds stay per example",
+TEST_CASE("loader: an order function replaces epoch_order, seeds stay per example",
           "[data][loader]") {
   TempDir tmp;
   const std::vector<Example> examples = make_examples(tmp, 10);

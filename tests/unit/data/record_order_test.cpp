@@ -55,7 +55,7 @@ void check_read_order_is_sequential(const std::vector<FileGroup>& groups,
 
 }  // namespace
 
-TEST_CASE("interleave reads files round robin; a finished file's slot takes the next",
+TEST_CASE("interleave reads files round robin, a finished file's slot takes the next",
           "[records]") {
   CHECK(interleave({{0, 1, 2}, {3}, {4, 5}}, 2) == std::vector<int64_t>{0, 3, 1, 4, 2, 5});
   CHECK(interleave({{0, 1}, {2, 3}, {4}}, 1) == std::vector<int64_t>{0, 1, 2, 3, 4});
@@ -148,7 +148,7 @@ TEST_CASE("DATA sharding over record files: every record exactly once per epoch"
   }
 }
 
-TEST_CASE("the same seed gives the same order; epochs and seeds change it", "[records]") {
+TEST_CASE("the same seed gives the same order, epochs and seeds change it", "[records]") {
   const auto groups = eight_shards();
   const ShardPlan off = plan_shards(groups, "off", 0, 1, 8);
   const RecordOrderOptions o{3, true, 4, 64};

@@ -303,7 +303,7 @@ TEST_CASE("plan_shards refuses bad input", "[data][shard]") {
   CHECK_THROWS_AS(worker_epoch_order(p, 4, 0, 0, false, 1, 3), Error);  // not its world
 }
 
-TEST_CASE("lock-step: the agreed steps are the minimum over workers; drops are reported",
+TEST_CASE("lock-step: the agreed steps are the minimum over workers, drops are reported",
           "[data][shard]") {
   // file over 2 workers: 10 and 6 examples; batch 3 -> 3 and 2 steps; all run 2.
   const ShardPlan p = plan_shards(groups({10, 6}), "file", 1, 2, 3);

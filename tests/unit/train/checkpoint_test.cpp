@@ -308,7 +308,7 @@ TEST_CASE("check_resume_plan: another world size only from an epoch boundary",
   CHECK_NOTHROW(check_resume_plan(old, two));
 }
 
-TEST_CASE("a checkpoint that cannot be written is a data error naming it; older ones are kept",
+TEST_CASE("a checkpoint that cannot be written is a data error naming it, older ones are kept",
           "[train][checkpoint]") {
   TempDir tmp;
   const fs::path dir = tmp / "checkpoints";

@@ -57,7 +57,7 @@ class Mount {
 
 }  // namespace
 
-TEST_CASE("local paths pass through; file:// is a local path", "[util][storage]") {
+TEST_CASE("local paths pass through, file:// is a local path", "[util][storage]") {
   CHECK(util::local_path("job", "--job-dir") == "job");
   CHECK(util::local_path("/tmp/a:b/c", "--job-dir") == "/tmp/a:b/c");
   CHECK(util::local_path("./gs:/x", "--job-dir") == "./gs:/x");  // no scheme: a relative path
