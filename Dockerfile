@@ -1,9 +1,14 @@
 # Multi-stage image: the build stage uses the same scripts as the README; the runtime stage has
-# only the runtime libraries and the binary.
+# only the runtime libraries and the binary (no compiler, headers or test dependencies).
 #   docker build -t trainer .
-#   docker run -v $PWD/data:/work/data -v $PWD/jobs:/work/jobs trainer \
+#   mkdir -p data jobs
+#   docker run --rm -u $(id -u):$(id -g) -v $PWD/data:/work/data trainer \
+#     make-dataset --out data/sample --classes 5 --per-class 100 --image-size 64 --seed 0
+#   docker run --rm -u $(id -u):$(id -g) -v $PWD/data:/work/data -v $PWD/jobs:/work/jobs trainer \
 #     --config /opt/trainer/configs/quickstart.yaml --epochs 5 --job-dir jobs/x
-# (README, Docker: the configs' data paths are relative to the working directory /work)
+# The configs' data paths are relative to the working directory /work, so data is mounted at
+# /work/data and job dirs at /work/jobs. scripts/docker-check.sh builds and runs exactly this.
+# Dockerfile.cuda is the GPU variant.
 FROM debian:bookworm-slim AS build
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Builds the Docker image and runs it the way the README says, with the data and the job dir on
+# volumes mounted from the host, as a non-root user (uid 1000):
+#   trainer --version; trainer make-dataset (into the data volume); a 2-epoch quickstart (job dir
+#   on the jobs volume); trainer evaluate on the exported model.
+# Then it checks, on the host, that the model files, a checkpoint and the TensorBoard events are
+# in the job dir, that the runtime image has no compiler, no headers and no test dependencies,
+# that every library of the binary resolves, and reports the image size.
+#
+# Engine: `docker` where a daemon answers (`docker info`); otherwise Debian's daemonless buildah
+# (`buildah bud --isolation chroot --storage-driver vfs`, then `buildah run`). The base image
+# debian:bookworm-slim is pulled where a registry is reachable; otherwise it is built locally
+# with `debootstrap --variant=minbase bookworm` (then trimmed as the official slim image is) and
+# cached in $TRAINER_DOCKER_CACHE (default /var/cache/trainer-docker).
+#
+# Run as root from anywhere:  bash scripts/docker-check.sh
+# Environment: TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
+# host-side data/job dirs (printed). Exits non-zero, naming the failed step, on any failure.
+# Time on 2 cores: ~50 min cold (base image, apt in both stages, the build), ~15-20 min after a
+# source change (cached apt layers), ~2 min with nothing changed. buildah's vfs storage takes
+# ~16 GB under /var/lib/containers/storage (`buildah --storage-driver vfs rmi --all` frees it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+start=$(date +%s)
+image=trainer
+base=debian:bookworm-slim
+cache=${TRAINER_DOCKER_CACHE:-/var/cache/trainer-docker}
+mirror=${TRAINER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+run_user=1000:1000
+
+step() { echo "==> $*"; }
+fail() { echo "docker-check.sh: FAILED: $*" >&2; exit 1; }
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "docker-check.sh: run as root (buildah with vfs storage and debootstrap need it)" >&2
+  exit 2
+fi
+
+engine=${TRAINER_DOCKER_ENGINE:-}
+if [[ -z $engine ]]; then
+  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+    engine=docker
+  elif command -v buildah >/dev/null; then
+    engine=buildah
+  else
+    echo "docker-check.sh: neither a docker daemon nor buildah (apt-get install buildah)" >&2
+    exit 2
+  fi
+fi
+case $engine in
+  docker) ;;
+  buildah) bh=(buildah --storage-driver vfs) ;;
+  *) echo "docker-check.sh: TRAINER_DOCKER_ENGINE must be docker or buildah, not '$engine'" >&2
+     exit 2 ;;
+esac
+echo "docker-check.sh: engine $engine"
+
+have_image() {
+  if [[ $engine == docker ]]; then docker image inspect "$1" >/dev/null 2>&1
+  else "${bh[@]}" inspect --type image "$1" >/dev/null 2>&1; fi
+}
+
+# The debian:bookworm-slim base: present, pulled, or built with debootstrap.
+make_base_tar() {
+  local tar=$cache/debian-bookworm-minbase.tar
+  if [[ -s $tar ]]; then
+    echo "using the cached base root file system $tar"
+    return
+  fi
+  command -v debootstrap >/dev/null || fail "no registry and no debootstrap (apt-get install debootstrap)"
+  mkdir -p "$cache"
+  local root
+  root=$(mktemp -d "$cache/rootfs.XXXXXX")
+  step "debootstrap --variant=minbase bookworm ($mirror)"
+  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+    { tail -20 "$cache/debootstrap.log" >&2; rm -rf "$root"; fail "debootstrap (log: $cache/debootstrap.log)"; }
+  # What the official slim image does on top of minbase: deb822 sources with updates and
+  # security, no apt caches or translations kept, no docs or man pages installed.
+  rm -f "$root/etc/apt/sources.list"
+  cat >"$root/etc/apt/sources.list.d/debian.sources" <<EOF
+Types: deb
+URIs: $mirror
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: ${mirror%/debian}/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  cat >"$root/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+EOF
+  echo 'Acquire::Languages "none";' >"$root/etc/apt/apt.conf.d/docker-no-languages"
+  cat >"$root/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+EOF
+  find "$root/usr/share/doc" -mindepth 2 ! -name copyright -type f -delete 2>/dev/null || true
+  rm -rf "$root/usr/share/man/"* "$root/usr/share/info/"* "$root/usr/share/locale/"* \
+         "$root/var/lib/apt/lists/"* "$root/var/cache/apt/"*.bin "$root/var/cache/apt/archives/"*.deb
+  tar -C "$root" -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
+  rm -rf "$root"
+}
+
+ensure_base() {
+  if have_image "$base" || have_image "localhost/$base"; then
+    echo "base image $base is present"
+    return
+  fi
+  step "pulling $base"
+  if [[ $engine == docker ]]; then
+    timeout 120 docker pull "$base" && return
+  else
+    timeout 120 "${bh[@]}" pull "docker.io/library/$base" && return
+  fi
+  echo "no registry reachable: building $base with debootstrap"
+  make_base_tar
+  if [[ $engine == docker ]]; then
+    docker import --change 'CMD ["bash"]' "$cache/debian-bookworm-minbase.tar" "$base" >/dev/null
+  else
+    local ctr
+    ctr=$("${bh[@]}" from scratch)
+    "${bh[@]}" add "$ctr" "$cache/debian-bookworm-minbase.tar" / >/dev/null
+    "${bh[@]}" config --cmd bash \
+      --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
+    "${bh[@]}" commit --rm "$ctr" "localhost/$base" >/dev/null
+  fi
+  have_image "$base" || have_image "localhost/$base" || fail "the base image $base was not made"
+}
+
+# `run ARGS...`: the image's entrypoint (trainer) with ARGS, as uid 1000, the data and jobs
+# volumes mounted where the configs read them (/work/data, /work/jobs).
+run() {
+  if [[ $engine == docker ]]; then
+    docker run --rm --user "$run_user" -v "$data_dir:/work/data" -v "$jobs_dir:/work/jobs" \
+      "$image" "$@"
+  else
+    local ctr rc=0
+    ctr=$("${bh[@]}" from --pull-never "localhost/$image")
+    "${bh[@]}" run --isolation chroot --user "$run_user" --workingdir /work \
+      -v "$data_dir:/work/data" -v "$jobs_dir:/work/jobs" "$ctr" -- trainer "$@" || rc=$?
+    "${bh[@]}" rm "$ctr" >/dev/null
+    return $rc
+  fi
+}
+
+# `inside CMD`: a shell command in the runtime image (as root), for the checks.
+inside() {
+  if [[ $engine == docker ]]; then
+    docker run --rm --entrypoint /bin/sh "$image" -c "$1"
+  else
+    local ctr rc=0
+    ctr=$("${bh[@]}" from --pull-never "localhost/$image")
+    "${bh[@]}" run --isolation chroot "$ctr" -- /bin/sh -c "$1" || rc=$?
+    "${bh[@]}" rm "$ctr" >/dev/null
+    return $rc
+  fi
+}
+
+ensure_base
+
+step "building the image ($engine)"
+if [[ $engine == docker ]]; then
+  docker build -t "$image" . || fail "docker build"
+else
+  "${bh[@]}" bud --isolation chroot --layers --pull-never -t "localhost/$image" . ||
+    fail "buildah bud"
+fi
+
+work=$(mktemp -d /tmp/docker-check.XXXXXX)
+data_dir=$work/data
+jobs_dir=$work/jobs
+mkdir -p "$data_dir" "$jobs_dir"
+chown 1000:1000 "$data_dir" "$jobs_dir"
+if [[ ${KEEP_WORK:-0} != 1 ]]; then trap 'rm -rf "$work"' EXIT; else echo "host dirs: $work"; fi
+
+step "trainer --version"
+run --version || fail "trainer --version"
+
+step "trainer make-dataset (into the data volume)"
+run make-dataset --out data/sample --classes 5 --per-class 40 --image-size 64 --seed 0 ||
+  fail "make-dataset"
+[[ -d $data_dir/sample/train && -d $data_dir/sample/validation ]] ||
+  fail "make-dataset wrote no data/sample/{train,validation} on the host"
+
+step "2-epoch quickstart (job dir on the jobs volume)"
+run --config /opt/trainer/configs/quickstart.yaml --epochs 2 --job-dir jobs/quickstart ||
+  fail "the quickstart job"
+
+step "model files on the host"
+job=$jobs_dir/quickstart
+for f in model/model.safetensors model/model.json; do
+  [[ -s $job/$f ]] || fail "$job/$f is missing or empty"
+  echo "  $f: $(stat -c %s "$job/$f") bytes, owner $(stat -c %u:%g "$job/$f")"
+done
+ls "$job"/checkpoints/ckpt-* >/dev/null 2>&1 || fail "no checkpoint in $job/checkpoints"
+ls "$job"/logs/train/events.out.tfevents.* >/dev/null 2>&1 ||
+  fail "no TensorBoard events in $job/logs/train"
+[[ $(stat -c %u "$job/model/model.safetensors") == 1000 ]] ||
+  fail "the model is not owned by the container's user 1000"
+
+step "trainer evaluate on the exported model"
+run evaluate --model jobs/quickstart/model --config /opt/trainer/configs/quickstart.yaml ||
+  fail "trainer evaluate"
+
+step "the runtime image is small: no compiler, no headers, no test dependencies"
+inside 'for c in cc gcc g++ c++ clang cmake ninja protoc python3; do
+          if command -v $c >/dev/null; then echo "found $c"; exit 1; fi; done
+        for d in /usr/include/torch /usr/include/opencv4 /usr/include/c++ /usr/lib/python3/dist-packages/torch; do
+          if [ -e $d ]; then echo "found $d"; exit 1; fi; done
+        echo "no compiler, headers or python"' || fail "the runtime image has build or test tools"
+
+step "every library of the binary resolves"
+inside 'out=$(ldd /usr/local/bin/trainer); if echo "$out" | grep -q "not found"; then
+          echo "$out" | grep "not found"; exit 1; fi; echo "$(echo "$out" | wc -l) libraries resolve"' ||
+  fail "unresolved libraries"
+
+step "image size"
+if [[ $engine == docker ]]; then
+  docker image ls "$image"
+else
+  "${bh[@]}" images "localhost/$image"
+fi
+
+elapsed=$(($(date +%s) - start))
+printf 'docker-check.sh: PASSED in %dm%02ds (%s)\n' $((elapsed / 60)) $((elapsed % 60)) "$engine"
