@@ -188,7 +188,7 @@ step "trainer --version"
 run --version || fail "trainer --version"
 
 step "trainer make-dataset (into the data volume)"
-run make-dataset --out data/sample --classes 5 --per-class 40 --image-size 64 --seed 0 ||
+run make-dataset --out data/sample --classes 5 --per-class 100 --image-size 64 --seed 0 ||
   fail "make-dataset"
 [[ -d $data_dir/sample/train && -d $data_dir/sample/validation ]] ||
   fail "make-dataset wrote no data/sample/{train,validation} on the host"
