@@ -26,8 +26,8 @@ namespace {
 
 using namespace trainer;
 
-const std::set<std::string> kSubcommands = {"train",    "make-dataset", "predict",
-                                            "evaluate", "inspect",      "launch"};
+const std::set<std::string> kSubcommands = {"train",   "make-dataset", "predict", "evaluate",
+                                            "inspect", "launch",       "convert"};
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
   cmd->add_option("--set", *overrides,
@@ -163,6 +163,19 @@ int run(int argc, char** argv) {
       "Output lines are prefixed [chief], [worker i]; SIGINT/SIGTERM are forwarded; when one\n"
       "process fails the others are stopped and its exit code is returned.");
 
+  train::ConvertOptions convert_opts;
+  auto* convert_cmd = app.add_subcommand(
+      "convert", "Write a torch.save state dict (.pth, e.g. torchvision's) as .safetensors");
+  convert_cmd->add_option("IN", convert_opts.input, "A .pth (torch.save) or .safetensors file")
+      ->required();
+  convert_cmd->add_option("OUT", convert_opts.output, "The .safetensors file to write")
+      ->required();
+  convert_cmd->add_flag("--overwrite", convert_opts.overwrite, "Replace OUT if it exists");
+  convert_cmd->footer(
+      "Example: trainer convert resnet50-11ad3fa6.pth resnet50.safetensors\n"
+      "model.pretrained also reads a .pth directly; converting once skips the unpickling and\n"
+      "gives a file torchvision's and Hugging Face's safetensors loaders read too.");
+
   // `train` is the default subcommand.
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && !kSubcommands.count(args[0]) && args[0] != "--help" && args[0] != "-h" &&
@@ -203,6 +216,7 @@ int run(int argc, char** argv) {
   if (*predict_cmd) return train::run_predict(predict_opts, std::cout);
   if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
   if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
+  if (*convert_cmd) return train::run_convert(convert_opts, std::cout);
   if (*launch_cmd) {
     launch_opts.pin_cpus = !no_pin;
     return cluster::run_launch(launch_opts);

@@ -14,6 +14,8 @@
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
 #include "trainer/dist/process_group.h"
+#include "trainer/model/pth.h"
+#include "trainer/model/safetensors.h"
 #include "trainer/train/agreement.h"
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/data_plan.h"
@@ -372,6 +374,36 @@ int run_predict(const PredictOptions& options, std::ostream& out) {
         << "\n";
     out.flush();
   }
+  return 0;
+}
+
+int run_convert(const ConvertOptions& options, std::ostream& out) {
+  const std::string input = util::local_path(options.input, "convert IN");
+  const std::string output = util::local_path(options.output, "convert OUT");
+  if (!std::filesystem::is_regular_file(input)) {
+    throw UsageError("convert: '" + options.input + "' is not a file");
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(output, ec) && !options.overwrite) {
+    throw UsageError("convert: '" + options.output +
+                     "' exists; give --overwrite to replace it, or another OUT");
+  }
+  if (std::filesystem::path(output).extension() != ".safetensors") {
+    throw UsageError("convert: OUT '" + options.output + "' must end in .safetensors");
+  }
+  const model::StateDict tensors = model::load_weights(input);
+  int64_t elements = 0;
+  for (const auto& entry : tensors) elements += entry.second.numel();
+  model::save_safetensors(output, tensors,
+                          {{"format", "pt"},
+                           {"source", std::filesystem::path(options.input).filename().string()}});
+  out << nlohmann::json{{"input", options.input},
+                        {"output", options.output},
+                        {"tensors", tensors.size()},
+                        {"elements", elements},
+                        {"bytes", std::filesystem::file_size(output)}}
+             .dump()
+      << "\n";
   return 0;
 }
 

@@ -45,6 +45,16 @@ struct PredictOptions {
 };
 int run_predict(const PredictOptions& options, std::ostream& out);
 
+// Reads a weights file (torch.save .pth or safetensors, told apart by content) and writes its
+// state dict as safetensors, atomically; refuses an existing output unless overwrite. Prints a
+// JSON summary (tensors, elements, bytes).
+struct ConvertOptions {
+  std::string input;
+  std::string output;
+  bool overwrite = false;
+};
+int run_convert(const ConvertOptions& options, std::ostream& out);
+
 using MakeDatasetOptions = data::SyntheticOptions;
 int run_make_dataset(const MakeDatasetOptions& options, std::ostream& out);
 

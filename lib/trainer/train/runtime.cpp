@@ -11,6 +11,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
@@ -138,7 +139,7 @@ model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, in
   model::ResNet net = model::make_resnet({spec.arch, num_classes, spec.head_hidden});
   if (!spec.pretrained.empty()) {
     const auto report = model::load_state_dict(
-        *net, model::load_safetensors(util::local_path(spec.pretrained, "model.pretrained")),
+        *net, model::load_weights(util::local_path(spec.pretrained, "model.pretrained")),
         "model.pretrained '" + spec.pretrained + "'",
         /*allow_classifier_mismatch=*/true);
     spdlog::info("loaded pretrained weights from {}", spec.pretrained);

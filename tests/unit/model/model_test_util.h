@@ -5,14 +5,17 @@
 #include "common/temp_dir.h"
 
 #include <torch/torch.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
 
+#include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 
 namespace trainer::model::testing {
@@ -47,6 +50,48 @@ inline void calibrate_batchnorm(torch::nn::Module& module,
   module.train();
   forward(seeded_input({4, 3, 64, 64}, seed));
   module.eval();
+}
+
+// The tensor called `name` in a state dict; fails the test when there is none.
+inline const torch::Tensor& find(const StateDict& sd, const std::string& name) {
+  for (const auto& [key, tensor] : sd) {
+    if (key == name) return tensor;
+  }
+  FAIL("no tensor '" << name << "'");
+  static torch::Tensor none;
+  return none;
+}
+
+struct Run {
+  int rc = -1;
+  std::string output;
+};
+
+// Runs a shell command, returning its exit status and its stdout+stderr.
+inline Run run_command(const std::string& command) {
+  Run run;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return run;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  run.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+// Fails the test, saying how to install them, when TRAINER_PYTHON lacks torch or torchvision.
+inline void require_torchvision() {
+  const Run probe =
+      run_command(std::string(TRAINER_PYTHON) + " -c 'import torch, torchvision, numpy'");
+  if (probe.rc != 0) {
+    FAIL("this test needs torch, torchvision and numpy for " TRAINER_PYTHON
+         " (Debian: python3-torch python3-torchvision python3-numpy); run scripts/install-deps.sh "
+         "as root. Import failed with:\n"
+         << probe.output);
+  }
 }
 
 }  // namespace trainer::model::testing

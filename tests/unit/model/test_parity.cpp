@@ -3,9 +3,6 @@
 // without it the test fails and says how to install it.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <iostream>
 
 #include "model_test_util.h"
@@ -14,6 +11,11 @@
 
 using namespace trainer::model;
 using trainer::model::testing::calibrate_batchnorm;
+using trainer::model::testing::find;
+using trainer::model::testing::quoted;
+using trainer::model::testing::require_torchvision;
+using trainer::model::testing::Run;
+using trainer::model::testing::run_command;
 using trainer::model::testing::seeded_input;
 using trainer::model::testing::TempDir;
 
@@ -21,46 +23,6 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 constexpr int kInitSeed = 7;  // our model's torch seed, passed on to the script
-
-struct Run {
-  int rc = -1;
-  std::string output;
-};
-
-// Runs a shell command, returning its exit status and its stdout+stderr.
-Run run_command(const std::string& command) {
-  Run run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-void require_torchvision() {
-  const Run probe =
-      run_command(std::string(TRAINER_PYTHON) + " -c 'import torch, torchvision, numpy'");
-  if (probe.rc != 0) {
-    FAIL("the parity test needs torch, torchvision and numpy for " TRAINER_PYTHON
-         " (Debian: python3-torch python3-torchvision python3-numpy); run scripts/install-deps.sh "
-         "as root. Import failed with:\n"
-         << probe.output);
-  }
-}
-
-const torch::Tensor& find(const StateDict& sd, const std::string& name) {
-  for (const auto& [key, tensor] : sd) {
-    if (key == name) return tensor;
-  }
-  FAIL("no tensor '" << name << "'");
-  static torch::Tensor none;
-  return none;
-}
 
 }  // namespace
 
