@@ -3,12 +3,14 @@
 // writer, the launcher's TF_CONFIG, the safetensors encoder, the model exporter's model.json, a
 // real checkpoint's state.json), plus the job specs in configs/. Nothing is downloaded.
 // Usage: make_seeds OUT [CONFIGS_DIR]
+#include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "small_module.h"
 #include "trainer/cluster/launcher.h"
@@ -136,6 +138,47 @@ int main(int argc, char** argv) {
   put(out, "safetensors",
       model::encode_safetensors({{"x", torch::arange(6, torch::kBFloat16).reshape({2, 3})},
                                  {"b", torch::ones({2}, torch::kBool)}}));
+
+  // pth: the zip torch::pickle_save writes of the module's state dict, and the same pickle and
+  // storages as a legacy (pre-1.6) torch.save stream.
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : model::state_dict(small)) dict.insert(name, tensor);
+  const std::vector<char> zip = torch::pickle_save(dict);
+  put(out, "pth", std::string(zip.begin(), zip.end()));
+  {
+    const std::string zip_bytes(zip.begin(), zip.end());
+    std::istringstream in(zip_bytes);
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    const auto record = [&](const std::string& name) {
+      auto [ptr, n] = reader.getRecord(name);
+      return std::string(static_cast<const char*>(ptr.get()), n);
+    };
+    std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
+    legacy += std::string("\x80\x02M\xe9\x03.", 6);  // protocol version 1001
+    legacy += std::string("\x80\x02}.", 4);            // sys_info: {}
+    legacy += record("data.pkl");
+    std::vector<std::string> keys;
+    for (size_t k = 0; reader.hasRecord("data/" + std::to_string(k)); ++k) {
+      keys.push_back(std::to_string(k));
+    }
+    legacy += "\x80\x02](";
+    for (const std::string& key : keys) {
+      legacy += 'X';
+      for (int b = 0; b < 4; ++b) legacy += static_cast<char>((key.size() >> (8 * b)) & 0xff);
+      legacy += key;
+    }
+    legacy += "e.";
+    // pickle_save gives each tensor its own storage, keyed 0, 1, ... in the dict's order; the
+    // stream stores each storage's element count before its bytes.
+    const model::StateDict tensors = model::state_dict(small);
+    for (size_t k = 0; k < keys.size() && k < tensors.size(); ++k) {
+      const std::string raw = record("data/" + keys[k]);
+      const uint64_t count = raw.size() / tensors[k].second.element_size();
+      for (int b = 0; b < 8; ++b) legacy += static_cast<char>((count >> (8 * b)) & 0xff);
+      legacy += raw;
+    }
+    put(out, "pth", legacy);
+  }
 
   // model.json as the exporter writes it.
   train::ModelInfo info;

@@ -3,14 +3,14 @@
 # the build scripts/build.sh --asan makes, separate from build/) and runs one fuzz target
 # for SECONDS (default 600), or every target one after the other with `all`.
 #   scripts/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags]
-# Targets: tfrecord example job_spec tf_config safetensors model_json csv state_json image.
+# Targets: tfrecord example job_spec tf_config safetensors pth model_json csv state_json image.
 # Seeds are written by the project's own writers (fuzz/make_seeds.cpp) into build-asan/seeds/;
 # the growing corpus is kept in build-asan/corpus/TARGET; a crash, leak, timeout (> 1 s for one
 # input) or allocation over 256 MiB stops the run and leaves its input in
 # build-asan/artifacts/TARGET/: turn it into a regression test in tests/unit (README, Fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets="tfrecord example job_spec tf_config safetensors model_json csv state_json image"
+targets="tfrecord example job_spec tf_config safetensors pth model_json csv state_json image"
 target=${1:-}
 seconds=${2:-600}
 shift $(( $# < 2 ? $# : 2 ))

@@ -66,7 +66,7 @@ void visit(ModelSpec& s, V& v) {
         .at_least(0)
         .at_most(kMaxHeadHidden));
   v("pretrained", s.pretrained,
-    Field("torchvision-layout .safetensors to start from (\"\" = none)"));
+    Field("torchvision weights to start from: .pth (torch.save) or .safetensors (\"\" = none)"));
   v("freeze_backbone", s.freeze_backbone, Field("train only the classifier (fc*)"));
   v("freeze_batchnorm", s.freeze_batchnorm, Field("BN layers stay in eval mode, statistics fixed"));
   v("sync_batchnorm", s.sync_batchnorm,

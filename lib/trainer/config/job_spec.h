@@ -46,7 +46,7 @@ struct ModelSpec {
   int num_classes = 0;            // 0 (written `auto`) = number of classes in the data
   int head_hidden = 0;            // 0 = torchvision's single `fc`; N = fc.0 Linear(N) + ReLU +
                                   // fc.2 Linear(classes), the tutorial's Dense(N, relu) head
-  std::string pretrained;         // torchvision-layout .safetensors to start from ("" = none)
+  std::string pretrained;         // torchvision weights, .pth or .safetensors ("" = none)
   bool freeze_backbone = false;   // train only the classifier (`fc*`)
   bool freeze_batchnorm = false;  // BN layers stay in eval mode, statistics fixed
   bool sync_batchnorm = false;    // BN statistics in training over the global batch (SyncBN)

@@ -445,6 +445,10 @@ class Unpickler {
       if (a.empty()) fail(at, f + " without arguments");
       return a[0];  // the parameter's data; requires_grad and hooks do not matter here
     }
+    if (f == "torch.jit._pickle.restore_type_tag") {  // (value, "Dict[str, Tensor]"): LibTorch's
+      if (a.empty()) fail(at, f + " without arguments");  // torch::pickle_save tags a dict
+      return a[0];
+    }
     if (f == "torch._tensor._rebuild_from_type_v2") {  // (func, type, args, state)
       if (a.size() < 3) fail(at, f + " with fewer than 3 arguments");
       if (a[1]->kind == Kind::kGlobal &&
@@ -498,8 +502,8 @@ ValuePtr unpickle(const std::string& bytes, size_t& pos, const std::string& orig
 // Raw bytes of a root storage: a pointer into memory that outlives the call, and its length.
 using StorageBytes = std::function<std::pair<const char*, size_t>(const std::string& key)>;
 
-// Builds contiguous tensors from tensor references, copying each storage once into aligned
-// memory. The views are bounded: each lies inside its storage and has at most as many elements,
+// Builds contiguous tensors from tensor references, reading each storage's bytes in place (or
+// from one aligned copy where they are misaligned). The views are bounded: each lies inside its storage and has at most as many elements,
 // and all of them together take at most kOutputFactor times the file's size (a hostile file
 // cannot make a small storage expand into terabytes through stride-0 views or repeated entries).
 class Materialiser {
@@ -573,14 +577,22 @@ class Materialiser {
                        std::to_string(kOutputFactor) + " times the file's size");
     }
     budget_ -= bytes;
-    torch::Tensor flat = torch::empty({st.numel}, torch::TensorOptions().dtype(st.dtype));
     const char* src = data + st.offset * item;
-    if (bytes > 0) std::memcpy(flat.data_ptr(), src, bytes);
     if (st.dtype == torch::kBool) {
       const auto* raw = reinterpret_cast<const unsigned char*>(src);
       for (int64_t k = 0; k < st.numel; ++k) {
         if (raw[k] > 1) bad(origin_, where + ": bool storage holds a byte other than 0 or 1");
       }
+    }
+    const auto options = torch::TensorOptions().dtype(st.dtype);
+    torch::Tensor flat;
+    if (reinterpret_cast<uintptr_t>(src) % item == 0) {
+      // Aligned (zip records always are): a read-only view of the bytes, which outlive it;
+      // the views taken from it are cloned.
+      flat = torch::from_blob(const_cast<char*>(src), {st.numel}, options);
+    } else {  // a legacy stream's storage at an odd offset: an aligned copy
+      flat = torch::empty({st.numel}, options);
+      if (bytes > 0) std::memcpy(flat.data_ptr(), src, bytes);
     }
     return flats_.emplace(id, std::move(flat)).first->second;
   }
@@ -726,7 +738,82 @@ class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
   const std::string& bytes_;
 };
 
+uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) {
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + static_cast<uint64_t>(k)]))
+         << (8 * k);
+  }
+  return v;
+}
+
+// The CRC-32 of every member, from the zip's central directory (zip64 included). LibTorch's
+// reader is built with miniz's CRC checks off, so a damaged .pth would load garbage weights;
+// the records read are checked against these instead. Throws DataError on a malformed directory.
+std::unordered_map<std::string, uint32_t> zip_crcs(const std::string& bytes,
+                                                   const std::string& origin) {
+  const auto malformed = [&](const std::string& what) {
+    bad(origin, "malformed zip central directory: " + what);
+  };
+  // The end-of-central-directory record: in the last 64 KiB + 22 bytes.
+  const uint64_t size = bytes.size();
+  if (size < 22) malformed("file too short");
+  uint64_t eocd = size - 22;
+  const uint64_t lowest = size > 22 + 65535 ? size - 22 - 65535 : 0;
+  while (le_at(bytes, eocd, 4) != 0x06054b50) {
+    if (eocd == lowest) malformed("no end record (truncated?)");
+    --eocd;
+  }
+  uint64_t entries = le_at(bytes, eocd + 10, 2);
+  uint64_t offset = le_at(bytes, eocd + 16, 4);
+  if ((entries == 0xffff || offset == 0xffffffff) && eocd >= 20 &&
+      le_at(bytes, eocd - 20, 4) == 0x07064b50) {  // zip64: locator -> zip64 end record
+    const uint64_t z = le_at(bytes, eocd - 20 + 8, 8);
+    if (z > size - 56 || le_at(bytes, z, 4) != 0x06064b50) malformed("bad zip64 end record");
+    entries = le_at(bytes, z + 32, 8);
+    offset = le_at(bytes, z + 48, 8);
+  }
+  std::unordered_map<std::string, uint32_t> crcs;
+  uint64_t pos = offset;
+  for (uint64_t k = 0; k < entries; ++k) {
+    if (pos > size || size - pos < 46 || le_at(bytes, pos, 4) != 0x02014b50) {
+      malformed("entry " + std::to_string(k) + " out of place");
+    }
+    const uint64_t name_len = le_at(bytes, pos + 28, 2);
+    const uint64_t rest = name_len + le_at(bytes, pos + 30, 2) + le_at(bytes, pos + 32, 2);
+    if (size - pos - 46 < rest) malformed("entry " + std::to_string(k) + " runs past the end");
+    crcs[bytes.substr(pos + 46, name_len)] = static_cast<uint32_t>(le_at(bytes, pos + 16, 4));
+    pos += 46 + rest;
+  }
+  return crcs;
+}
+
 StateDict decode_zip(const std::string& bytes, const std::string& origin) {
+  const std::unordered_map<std::string, uint32_t> crcs = zip_crcs(bytes, origin);
+  // Member names are "<archive>/<record>"; LibTorch takes <archive> from the first member.
+  std::string prefix;
+  for (const auto& entry : crcs) {
+    const size_t slash = entry.first.find('/');
+    if (slash != std::string::npos) prefix = entry.first.substr(0, slash + 1);
+    break;
+  }
+  const auto checked = [&](caffe2::serialize::PyTorchStreamReader& reader,
+                           const std::string& record) {
+    auto [ptr, n] = reader.getRecord(record);
+    const auto crc = crcs.find(prefix + record);
+    const uint32_t computed = util::crc32(ptr.get(), n);
+    if (crc == crcs.end() || crc->second != computed) {
+      std::ostringstream msg;
+      msg << "record '" << record << "' fails its CRC-32 check (";
+      if (crc == crcs.end()) {
+        msg << "not in the central directory";
+      } else {
+        msg << "stored 0x" << std::hex << crc->second << ", computed 0x" << computed;
+      }
+      bad(origin, msg.str() + "): the file is damaged");
+    }
+    return std::make_pair(std::move(ptr), n);
+  };
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
     if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py")) {
@@ -735,12 +822,12 @@ StateDict decode_zip(const std::string& bytes, const std::string& origin) {
     }
     if (!reader.hasRecord("data.pkl")) bad(origin, "zip archive without data.pkl: not a torch.save file");
     if (reader.hasRecord("byteorder")) {
-      const auto [ptr, n] = reader.getRecord("byteorder");
+      const auto [ptr, n] = checked(reader, "byteorder");
       if (std::string(static_cast<const char*>(ptr.get()), n) != "little") {
         bad(origin, "was saved on a big-endian machine; re-save it on a little-endian one");
       }
     }
-    const auto [pkl_ptr, pkl_size] = reader.getRecord("data.pkl");
+    const auto [pkl_ptr, pkl_size] = checked(reader, "data.pkl");
     const std::string pickle(static_cast<const char*>(pkl_ptr.get()), pkl_size);
     size_t pos = 0;
     const ValuePtr root = unpickle(pickle, pos, origin);
@@ -753,7 +840,7 @@ StateDict decode_zip(const std::string& bytes, const std::string& origin) {
         if (key.find('/') != std::string::npos || !reader.hasRecord(name)) {
           bad(origin, "storage record '" + name + "' is missing");
         }
-        auto [ptr, n] = reader.getRecord(name);
+        auto [ptr, n] = checked(reader, name);
         lengths[key] = n;
         it = records.emplace(key, std::move(ptr)).first;
       }

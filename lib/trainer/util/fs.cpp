@@ -137,10 +137,19 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot open '" + path.string() + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  // Read in chunks into one growing string (no second copy as through a stringstream); the
+  // size is not trusted up front, as /proc files and pipes report none.
+  std::string out;
+  std::error_code ec;
+  const auto size = fs::is_regular_file(path, ec) ? fs::file_size(path, ec) : 0;
+  if (!ec && size > 0) out.reserve(size);
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    out.append(buf, static_cast<size_t>(in.gcount()));
+    if (in.eof()) break;
+  }
   if (in.bad()) throw DataError("cannot read '" + path.string() + "'");
-  return ss.str();
+  return out;
 }
 
 uint32_t crc32(const void* data, size_t size, uint32_t seed) {
