@@ -11,9 +11,10 @@ using Catch::Matchers::Contains;
 TEST_CASE("a torchvision .pth starts training as is and converts once to safetensors",
           "[pth][cli]") {
   TempDir dir("pth");
-  const int made = sh("cd " + quote(dir.path().string()) + " && " + TRAINER_PYTHON +
-                      " -c 'import torch, torchvision; torch.manual_seed(1); "
-                      "torch.save(torchvision.models.resnet18().state_dict(), \"resnet18-test.pth\")'");
+  const int made =
+      sh("cd " + quote(dir.path().string()) + " && " + TRAINER_PYTHON +
+         " -c 'import torch, torchvision; torch.manual_seed(1); "
+         "torch.save(torchvision.models.resnet18().state_dict(), \"resnet18-test.pth\")'");
   if (made != 0) {
     FAIL("this test needs torch and torchvision for " TRAINER_PYTHON
          " (Debian: python3-torch python3-torchvision); run scripts/install-deps.sh as root");
@@ -49,10 +50,10 @@ TEST_CASE("a torchvision .pth starts training as is and converts once to safeten
 
   // model.pretrained reads the .pth itself; with the backbone frozen its weights come out as
   // they went in, and the 1000-class fc is replaced by a fresh 5-class one.
-  const Result train = run_trainer(
-      dir.path(),
-      "--config job.yaml --job-dir j --set model.pretrained=resnet18-test.pth "
-      "--set model.freeze_backbone=true");
+  const Result train =
+      run_trainer(dir.path(),
+                  "--config job.yaml --job-dir j --set model.pretrained=resnet18-test.pth "
+                  "--set model.freeze_backbone=true");
   INFO(train.err);
   REQUIRE(train.code == 0);
   CHECK_THAT(train.err, Contains("loaded pretrained weights from resnet18-test.pth"));
@@ -65,8 +66,8 @@ TEST_CASE("a torchvision .pth starts training as is and converts once to safeten
   // A .pth that is no state dict fails the job by name, before anything is written.
   sh("cd " + quote(dir.path().string()) + " && " + TRAINER_PYTHON +
      " -c 'import torch; torch.save([1, 2], \"list.pth\")'");
-  const Result bad = run_trainer(dir.path(),
-                                 "--config job.yaml --job-dir j2 --set model.pretrained=list.pth");
+  const Result bad =
+      run_trainer(dir.path(), "--config job.yaml --job-dir j2 --set model.pretrained=list.pth");
   CHECK(bad.code == 3);
   CHECK_THAT(bad.err, Contains("list.pth") && Contains("not a state dict"));
   CHECK_FALSE(fs::exists(dir / "j2" / "model"));

@@ -31,23 +31,47 @@ namespace {
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
-enum class Kind { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage,
-                  kTensor, kObject };
+enum class Kind {
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kTuple,
+  kList,
+  kDict,
+  kGlobal,
+  kStorage,
+  kTensor,
+  kObject
+};
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return "a bool";
-    case Kind::kInt: return "an int";
-    case Kind::kFloat: return "a float";
-    case Kind::kString: return "a string";
-    case Kind::kTuple: return "a tuple";
-    case Kind::kList: return "a list";
-    case Kind::kDict: return "a dict";
-    case Kind::kGlobal: return "a class or function";
-    case Kind::kStorage: return "a storage";
-    case Kind::kTensor: return "a tensor";
-    case Kind::kObject: return "an object";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return "a bool";
+    case Kind::kInt:
+      return "an int";
+    case Kind::kFloat:
+      return "a float";
+    case Kind::kString:
+      return "a string";
+    case Kind::kTuple:
+      return "a tuple";
+    case Kind::kList:
+      return "a list";
+    case Kind::kDict:
+      return "a dict";
+    case Kind::kGlobal:
+      return "a class or function";
+    case Kind::kStorage:
+      return "a storage";
+    case Kind::kTensor:
+      return "a tensor";
+    case Kind::kObject:
+      return "an object";
   }
   return "a value";
 }
@@ -71,9 +95,9 @@ struct Value {
   bool frozen = false;  // inside another value: no longer mutable, so depth stays true
   int64_t i = 0;
   double f = 0;
-  std::string s;                                   // string; global "module.name"; object's class
-  std::vector<ValuePtr> items;                     // tuple, list
-  std::vector<std::pair<ValuePtr, ValuePtr>> dict; // dict, in insertion order
+  std::string s;                                    // string; global "module.name"; object's class
+  std::vector<ValuePtr> items;                      // tuple, list
+  std::vector<std::pair<ValuePtr, ValuePtr>> dict;  // dict, in insertion order
   Storage storage;
   TensorRef tensor;
 };
@@ -91,11 +115,11 @@ ValuePtr make(Kind kind) {
 
 torch::ScalarType storage_dtype(const std::string& global, const std::string& origin) {
   static const std::unordered_map<std::string, torch::ScalarType> kTypes = {
-      {"torch.FloatStorage", torch::kFloat},   {"torch.DoubleStorage", torch::kDouble},
-      {"torch.HalfStorage", torch::kHalf},     {"torch.BFloat16Storage", torch::kBFloat16},
-      {"torch.LongStorage", torch::kLong},     {"torch.IntStorage", torch::kInt},
-      {"torch.ShortStorage", torch::kShort},   {"torch.CharStorage", torch::kChar},
-      {"torch.ByteStorage", torch::kByte},     {"torch.BoolStorage", torch::kBool},
+      {"torch.FloatStorage", torch::kFloat}, {"torch.DoubleStorage", torch::kDouble},
+      {"torch.HalfStorage", torch::kHalf},   {"torch.BFloat16Storage", torch::kBFloat16},
+      {"torch.LongStorage", torch::kLong},   {"torch.IntStorage", torch::kInt},
+      {"torch.ShortStorage", torch::kShort}, {"torch.CharStorage", torch::kChar},
+      {"torch.ByteStorage", torch::kByte},   {"torch.BoolStorage", torch::kBool},
   };
   const auto it = kTypes.find(global);
   if (it == kTypes.end()) {
@@ -122,75 +146,137 @@ class Unpickler {
       const size_t at = pos_;
       const auto op = static_cast<unsigned char>(take(1)[0]);
       switch (op) {
-        case 0x80: take(1); break;                          // PROTO
-        case 0x95: take(8); break;                          // FRAME (protocol 4): no-op here
-        case '.': {                                         // STOP
+        case 0x80:
+          take(1);
+          break;  // PROTO
+        case 0x95:
+          take(8);
+          break;     // FRAME (protocol 4): no-op here
+        case '.': {  // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail(at, "STOP with a malformed stack");
           return stack_.back();
         }
-        case '(': marks_.push_back(stack_.size()); break;   // MARK
-        case '0': pop(at); break;                           // POP
-        case '1': pop_mark(at); break;                      // POP_MARK
-        case '2': push(top(at)); break;                     // DUP
-        case 'N': push(make(Kind::kNone)); break;
-        case 0x88: push(boolean(true)); break;              // NEWTRUE
-        case 0x89: push(boolean(false)); break;             // NEWFALSE
-        case 'J': push(integer(static_cast<int32_t>(le(4)))); break;  // BININT
-        case 'K': push(integer(static_cast<int64_t>(le(1)))); break;  // BININT1
-        case 'M': push(integer(static_cast<int64_t>(le(2)))); break;  // BININT2
-        case 0x8a: push(long1(at)); break;                  // LONG1
-        case 'G': push(binfloat()); break;                  // BINFLOAT
-        case 'X': push(string(le(4), at)); break;           // BINUNICODE
-        case 0x8c: push(string(le(1), at)); break;          // SHORT_BINUNICODE
-        case 'T': push(string(le(4), at)); break;           // BINSTRING (Python 2)
-        case 'U': push(string(le(1), at)); break;           // SHORT_BINSTRING (Python 2)
-        case ')': push(make(Kind::kTuple)); break;          // EMPTY_TUPLE
-        case 't': push(sequence(Kind::kTuple, pop_mark(at), at)); break;
-        case 0x85: push(tuple_of(1, at)); break;            // TUPLE1
-        case 0x86: push(tuple_of(2, at)); break;            // TUPLE2
-        case 0x87: push(tuple_of(3, at)); break;            // TUPLE3
-        case ']': push(make(Kind::kList)); break;           // EMPTY_LIST
-        case 'l': push(sequence(Kind::kList, pop_mark(at), at)); break;  // LIST
-        case 'a': {                                         // APPEND
+        case '(':
+          marks_.push_back(stack_.size());
+          break;  // MARK
+        case '0':
+          pop(at);
+          break;  // POP
+        case '1':
+          pop_mark(at);
+          break;  // POP_MARK
+        case '2':
+          push(top(at));
+          break;  // DUP
+        case 'N':
+          push(make(Kind::kNone));
+          break;
+        case 0x88:
+          push(boolean(true));
+          break;  // NEWTRUE
+        case 0x89:
+          push(boolean(false));
+          break;  // NEWFALSE
+        case 'J':
+          push(integer(static_cast<int32_t>(le(4))));
+          break;  // BININT
+        case 'K':
+          push(integer(static_cast<int64_t>(le(1))));
+          break;  // BININT1
+        case 'M':
+          push(integer(static_cast<int64_t>(le(2))));
+          break;  // BININT2
+        case 0x8a:
+          push(long1(at));
+          break;  // LONG1
+        case 'G':
+          push(binfloat());
+          break;  // BINFLOAT
+        case 'X':
+          push(string(le(4), at));
+          break;  // BINUNICODE
+        case 0x8c:
+          push(string(le(1), at));
+          break;  // SHORT_BINUNICODE
+        case 'T':
+          push(string(le(4), at));
+          break;  // BINSTRING (Python 2)
+        case 'U':
+          push(string(le(1), at));
+          break;  // SHORT_BINSTRING (Python 2)
+        case ')':
+          push(make(Kind::kTuple));
+          break;  // EMPTY_TUPLE
+        case 't':
+          push(sequence(Kind::kTuple, pop_mark(at), at));
+          break;
+        case 0x85:
+          push(tuple_of(1, at));
+          break;  // TUPLE1
+        case 0x86:
+          push(tuple_of(2, at));
+          break;  // TUPLE2
+        case 0x87:
+          push(tuple_of(3, at));
+          break;  // TUPLE3
+        case ']':
+          push(make(Kind::kList));
+          break;  // EMPTY_LIST
+        case 'l':
+          push(sequence(Kind::kList, pop_mark(at), at));
+          break;     // LIST
+        case 'a': {  // APPEND
           ValuePtr item = pop(at);
           append(top(at), {std::move(item)}, at);
           break;
         }
-        case 'e': {                                         // APPENDS
+        case 'e': {  // APPENDS
           std::vector<ValuePtr> items = pop_mark(at);
           append(top(at), std::move(items), at);
           break;
         }
-        case '}': push(make(Kind::kDict)); break;           // EMPTY_DICT
-        case 'd': {                                         // DICT
+        case '}':
+          push(make(Kind::kDict));
+          break;     // EMPTY_DICT
+        case 'd': {  // DICT
           ValuePtr d = make(Kind::kDict);
           set_items(d, pop_mark(at), at);
           push(d);
           break;
         }
-        case 's': {                                         // SETITEM
+        case 's': {  // SETITEM
           ValuePtr value = pop(at);
           ValuePtr key = pop(at);
           set_items(top(at), {std::move(key), std::move(value)}, at);
           break;
         }
-        case 'u': {                                         // SETITEMS
+        case 'u': {  // SETITEMS
           std::vector<ValuePtr> items = pop_mark(at);
           set_items(top(at), std::move(items), at);
           break;
         }
-        case 'q': memo_[le(1)] = top(at); break;            // BINPUT
-        case 'r': memo_[le(4)] = top(at); break;            // LONG_BINPUT
-        case 0x94: memo_[memo_.size()] = top(at); break;    // MEMOIZE (protocol 4)
-        case 'h': push(memo(le(1), at)); break;             // BINGET
-        case 'j': push(memo(le(4), at)); break;             // LONG_BINGET
-        case 'c': {                                         // GLOBAL "module\nname\n"
+        case 'q':
+          memo_[le(1)] = top(at);
+          break;  // BINPUT
+        case 'r':
+          memo_[le(4)] = top(at);
+          break;  // LONG_BINPUT
+        case 0x94:
+          memo_[memo_.size()] = top(at);
+          break;  // MEMOIZE (protocol 4)
+        case 'h':
+          push(memo(le(1), at));
+          break;  // BINGET
+        case 'j':
+          push(memo(le(4), at));
+          break;     // LONG_BINGET
+        case 'c': {  // GLOBAL "module\nname\n"
           std::string module = line(at);
           std::string name = line(at);
           push(global(module + "." + name));
           break;
         }
-        case 0x93: {                                        // STACK_GLOBAL (protocol 4)
+        case 0x93: {  // STACK_GLOBAL (protocol 4)
           ValuePtr name = pop(at);
           ValuePtr module = pop(at);
           if (module->kind != Kind::kString || name->kind != Kind::kString) {
@@ -199,20 +285,25 @@ class Unpickler {
           push(global(module->s + "." + name->s));
           break;
         }
-        case 'R': {                                         // REDUCE
+        case 'R': {  // REDUCE
           ValuePtr args = pop(at);
           ValuePtr callable = pop(at);
           push(reduce(callable, args, at));
           break;
         }
-        case 0x81: {                                        // NEWOBJ
+        case 0x81: {  // NEWOBJ
           ValuePtr args = pop(at);
           ValuePtr cls = pop(at);
           push(object(cls, args, at));
           break;
         }
-        case 'b': pop(at); top(at); break;                  // BUILD: the state is not applied
-        case 'Q': push(persistent(pop(at), at)); break;     // BINPERSID
+        case 'b':
+          pop(at);
+          top(at);
+          break;  // BUILD: the state is not applied
+        case 'Q':
+          push(persistent(pop(at), at));
+          break;  // BINPERSID
         default: {
           std::ostringstream hex;
           hex << "0x" << std::hex << static_cast<int>(op);
@@ -279,8 +370,9 @@ class Unpickler {
     if (marks_.empty()) fail(at, "no MARK to pop to");
     const size_t mark = marks_.back();
     marks_.pop_back();
-    std::vector<ValuePtr> items(std::make_move_iterator(stack_.begin() + static_cast<ptrdiff_t>(mark)),
-                                std::make_move_iterator(stack_.end()));
+    std::vector<ValuePtr> items(
+        std::make_move_iterator(stack_.begin() + static_cast<ptrdiff_t>(mark)),
+        std::make_move_iterator(stack_.end()));
     stack_.resize(mark);
     return items;
   }
@@ -321,7 +413,8 @@ class Unpickler {
   }
 
   ValuePtr string(uint64_t n, size_t at) {
-    if (n > bytes_.size() - pos_) fail(at, "string of " + std::to_string(n) + " bytes runs past the end");
+    if (n > bytes_.size() - pos_)
+      fail(at, "string of " + std::to_string(n) + " bytes runs past the end");
     ValuePtr v = make(Kind::kString);
     v->s.assign(take(n), n);
     return v;
@@ -441,7 +534,8 @@ class Unpickler {
     if (f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") {
       return rebuild_tensor(a, at);
     }
-    if (f == "torch._utils._rebuild_parameter" || f == "torch._utils._rebuild_parameter_with_state") {
+    if (f == "torch._utils._rebuild_parameter" ||
+        f == "torch._utils._rebuild_parameter_with_state") {
       if (a.empty()) fail(at, f + " without arguments");
       return a[0];  // the parameter's data; requires_grad and hooks do not matter here
     }
@@ -461,8 +555,8 @@ class Unpickler {
   }
 
   ValuePtr persistent(const ValuePtr& pid, size_t at) {
-    if (pid->kind != Kind::kTuple || pid->items.size() < 5 || pid->items[0]->kind != Kind::kString ||
-        pid->items[0]->s != "storage") {
+    if (pid->kind != Kind::kTuple || pid->items.size() < 5 ||
+        pid->items[0]->kind != Kind::kString || pid->items[0]->s != "storage") {
       fail(at, "persistent id is not ('storage', type, key, location, size)");
     }
     const std::vector<ValuePtr>& p = pid->items;
@@ -503,15 +597,17 @@ ValuePtr unpickle(const std::string& bytes, size_t& pos, const std::string& orig
 using StorageBytes = std::function<std::pair<const char*, size_t>(const std::string& key)>;
 
 // Builds contiguous tensors from tensor references, reading each storage's bytes in place (or
-// from one aligned copy where they are misaligned). The views are bounded: each lies inside its storage and has at most as many elements,
-// and all of them together take at most kOutputFactor times the file's size (a hostile file
-// cannot make a small storage expand into terabytes through stride-0 views or repeated entries).
+// from one aligned copy where they are misaligned). The views are bounded: each lies inside its
+// storage and has at most as many elements, and all of them together take at most kOutputFactor
+// times the file's size (a hostile file cannot make a small storage expand into terabytes through
+// stride-0 views or repeated entries).
 class Materialiser {
  public:
   static constexpr uint64_t kOutputFactor = 4;
 
   Materialiser(StorageBytes get, uint64_t file_bytes, std::string origin)
-      : get_(std::move(get)), budget_(kOutputFactor * file_bytes + (1u << 20)),
+      : get_(std::move(get)),
+        budget_(kOutputFactor * file_bytes + (1u << 20)),
         origin_(std::move(origin)) {}
 
   torch::Tensor operator()(const std::string& name, const TensorRef& ref) {
@@ -531,15 +627,16 @@ class Materialiser {
       }
       empty = empty || ref.sizes[d] == 0;
       uint64_t span = 0;
-      overflow = __builtin_mul_overflow(static_cast<uint64_t>(ref.sizes[d] > 0 ? ref.sizes[d] - 1 : 0),
-                                        static_cast<uint64_t>(ref.strides[d]), &span) ||
-                 __builtin_add_overflow(last, span, &last) ||
-                 __builtin_mul_overflow(count, static_cast<uint64_t>(ref.sizes[d]), &count) ||
-                 overflow;
+      overflow =
+          __builtin_mul_overflow(static_cast<uint64_t>(ref.sizes[d] > 0 ? ref.sizes[d] - 1 : 0),
+                                 static_cast<uint64_t>(ref.strides[d]), &span) ||
+          __builtin_add_overflow(last, span, &last) ||
+          __builtin_mul_overflow(count, static_cast<uint64_t>(ref.sizes[d]), &count) || overflow;
     }
     const auto numel = static_cast<uint64_t>(flat.numel());
-    if (!empty && (overflow || __builtin_add_overflow(last, static_cast<uint64_t>(ref.offset), &last) ||
-                   last >= numel || count > numel)) {
+    if (!empty &&
+        (overflow || __builtin_add_overflow(last, static_cast<uint64_t>(ref.offset), &last) ||
+         last >= numel || count > numel)) {
       bad(origin_, where + ": offset " + std::to_string(ref.offset) + ", sizes " +
                        c10::str(c10::IntArrayRef(ref.sizes)) + " and strides " +
                        c10::str(c10::IntArrayRef(ref.strides)) + " do not fit its storage of " +
@@ -547,8 +644,8 @@ class Materialiser {
     }
     const uint64_t bytes = empty ? 0 : count * flat.element_size();
     if (bytes > budget_) {
-      bad(origin_, where + ": the tensors would take more than " +
-                       std::to_string(kOutputFactor) + " times the file's size");
+      bad(origin_, where + ": the tensors would take more than " + std::to_string(kOutputFactor) +
+                       " times the file's size");
     }
     budget_ -= bytes;
     if (empty) return torch::empty(ref.sizes, flat.options());
@@ -557,14 +654,15 @@ class Materialiser {
 
  private:
   const torch::Tensor& storage(const Storage& st, const std::string& where) {
-    const std::string id = st.key + "@" + std::to_string(st.offset) + "+" + std::to_string(st.numel) +
-                           ":" + c10::toString(st.dtype);
+    const std::string id = st.key + "@" + std::to_string(st.offset) + "+" +
+                           std::to_string(st.numel) + ":" + c10::toString(st.dtype);
     const auto cached = flats_.find(id);
     if (cached != flats_.end()) return cached->second;
     const auto [data, length] = get_(st.key);
     const uint64_t item = c10::elementSize(st.dtype);
     uint64_t need = 0;
-    if (__builtin_add_overflow(static_cast<uint64_t>(st.offset), static_cast<uint64_t>(st.numel), &need) ||
+    if (__builtin_add_overflow(static_cast<uint64_t>(st.offset), static_cast<uint64_t>(st.numel),
+                               &need) ||
         __builtin_mul_overflow(need, item, &need) || need > length) {
       bad(origin_, where + ": storage '" + st.key + "' declares " + std::to_string(st.numel) +
                        " elements of " + std::to_string(item) + " bytes" +
@@ -573,8 +671,8 @@ class Materialiser {
     }
     const uint64_t bytes = static_cast<uint64_t>(st.numel) * item;
     if (bytes > budget_) {
-      bad(origin_, where + ": the storages would take more than " +
-                       std::to_string(kOutputFactor) + " times the file's size");
+      bad(origin_, where + ": the storages would take more than " + std::to_string(kOutputFactor) +
+                       " times the file's size");
     }
     budget_ -= bytes;
     const char* src = data + st.offset * item;
@@ -677,7 +775,8 @@ StateDict decode_legacy(const std::string& bytes, const std::string& origin) {
   const ValuePtr sys_info = unpickle(bytes, pos, origin);
   if (sys_info->kind == Kind::kDict) {
     for (const auto& [k, v] : sys_info->dict) {
-      if (k->kind == Kind::kString && k->s == "little_endian" && v->kind == Kind::kBool && v->i == 0) {
+      if (k->kind == Kind::kString && k->s == "little_endian" && v->kind == Kind::kBool &&
+          v->i == 0) {
         bad(origin, "was saved on a big-endian machine; re-save it on a little-endian one");
       }
     }
@@ -747,11 +846,17 @@ uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
   return v;
 }
 
-// The CRC-32 of every member, from the zip's central directory (zip64 included). LibTorch's
+struct Member {
+  uint32_t crc = 0;
+  bool stored = true;  // not compressed
+};
+
+// The CRC-32 of every member, and whether it is stored uncompressed, from the zip's central
+// directory (zip64 included). LibTorch's
 // reader is built with miniz's CRC checks off, so a damaged .pth would load garbage weights;
 // the records read are checked against these instead. Throws DataError on a malformed directory.
-std::unordered_map<std::string, uint32_t> zip_crcs(const std::string& bytes,
-                                                   const std::string& origin) {
+std::unordered_map<std::string, Member> zip_members(const std::string& bytes,
+                                                    const std::string& origin) {
   const auto malformed = [&](const std::string& what) {
     bad(origin, "malformed zip central directory: " + what);
   };
@@ -769,11 +874,13 @@ std::unordered_map<std::string, uint32_t> zip_crcs(const std::string& bytes,
   if ((entries == 0xffff || offset == 0xffffffff) && eocd >= 20 &&
       le_at(bytes, eocd - 20, 4) == 0x07064b50) {  // zip64: locator -> zip64 end record
     const uint64_t z = le_at(bytes, eocd - 20 + 8, 8);
-    if (z > size - 56 || le_at(bytes, z, 4) != 0x06064b50) malformed("bad zip64 end record");
+    if (size < 56 || z > size - 56 || le_at(bytes, z, 4) != 0x06064b50) {
+      malformed("bad zip64 end record");
+    }
     entries = le_at(bytes, z + 32, 8);
     offset = le_at(bytes, z + 48, 8);
   }
-  std::unordered_map<std::string, uint32_t> crcs;
+  std::unordered_map<std::string, Member> members;
   uint64_t pos = offset;
   for (uint64_t k = 0; k < entries; ++k) {
     if (pos > size || size - pos < 46 || le_at(bytes, pos, 4) != 0x02014b50) {
@@ -782,45 +889,52 @@ std::unordered_map<std::string, uint32_t> zip_crcs(const std::string& bytes,
     const uint64_t name_len = le_at(bytes, pos + 28, 2);
     const uint64_t rest = name_len + le_at(bytes, pos + 30, 2) + le_at(bytes, pos + 32, 2);
     if (size - pos - 46 < rest) malformed("entry " + std::to_string(k) + " runs past the end");
-    crcs[bytes.substr(pos + 46, name_len)] = static_cast<uint32_t>(le_at(bytes, pos + 16, 4));
+    members[bytes.substr(pos + 46, name_len)] = {static_cast<uint32_t>(le_at(bytes, pos + 16, 4)),
+                                                 le_at(bytes, pos + 10, 2) == 0};
     pos += 46 + rest;
   }
-  return crcs;
+  return members;
 }
 
 StateDict decode_zip(const std::string& bytes, const std::string& origin) {
-  const std::unordered_map<std::string, uint32_t> crcs = zip_crcs(bytes, origin);
+  const std::unordered_map<std::string, Member> members = zip_members(bytes, origin);
   // Member names are "<archive>/<record>"; LibTorch takes <archive> from the first member.
   std::string prefix;
-  for (const auto& entry : crcs) {
+  for (const auto& entry : members) {
     const size_t slash = entry.first.find('/');
     if (slash != std::string::npos) prefix = entry.first.substr(0, slash + 1);
     break;
   }
   const auto checked = [&](caffe2::serialize::PyTorchStreamReader& reader,
                            const std::string& record) {
+    const auto member = members.find(prefix + record);
+    if (member == members.end()) {
+      bad(origin, "record '" + record + "' is not in the zip's central directory");
+    }
+    // torch.save stores records uncompressed, and for those miniz bounds the size by the
+    // file's; a deflated one could declare any size, which LibTorch's reader allocates first.
+    if (!member->second.stored) {
+      bad(origin, "record '" + record + "' is compressed; torch.save writes stored records only");
+    }
     auto [ptr, n] = reader.getRecord(record);
-    const auto crc = crcs.find(prefix + record);
     const uint32_t computed = util::crc32(ptr.get(), n);
-    if (crc == crcs.end() || crc->second != computed) {
+    if (member->second.crc != computed) {
       std::ostringstream msg;
-      msg << "record '" << record << "' fails its CRC-32 check (";
-      if (crc == crcs.end()) {
-        msg << "not in the central directory";
-      } else {
-        msg << "stored 0x" << std::hex << crc->second << ", computed 0x" << computed;
-      }
-      bad(origin, msg.str() + "): the file is damaged");
+      msg << "record '" << record << "' fails its CRC-32 check (stored 0x" << std::hex
+          << member->second.crc << ", computed 0x" << computed << "): the file is damaged";
+      bad(origin, msg.str());
     }
     return std::make_pair(std::move(ptr), n);
   };
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
     if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py")) {
-      bad(origin, "is a TorchScript archive (torch.jit.save), not a state dict; save the weights "
-                  "with torch.save(model.state_dict(), PATH)");
+      bad(origin,
+          "is a TorchScript archive (torch.jit.save), not a state dict; save the weights "
+          "with torch.save(model.state_dict(), PATH)");
     }
-    if (!reader.hasRecord("data.pkl")) bad(origin, "zip archive without data.pkl: not a torch.save file");
+    if (!reader.hasRecord("data.pkl"))
+      bad(origin, "zip archive without data.pkl: not a torch.save file");
     if (reader.hasRecord("byteorder")) {
       const auto [ptr, n] = checked(reader, "byteorder");
       if (std::string(static_cast<const char*>(ptr.get()), n) != "little") {
@@ -833,19 +947,22 @@ StateDict decode_zip(const std::string& bytes, const std::string& origin) {
     const ValuePtr root = unpickle(pickle, pos, origin);
     std::unordered_map<std::string, at::DataPtr> records;
     std::unordered_map<std::string, size_t> lengths;
-    return to_state_dict(*root, [&](const std::string& key) -> std::pair<const char*, size_t> {
-      auto it = records.find(key);
-      if (it == records.end()) {
-        const std::string name = "data/" + key;
-        if (key.find('/') != std::string::npos || !reader.hasRecord(name)) {
-          bad(origin, "storage record '" + name + "' is missing");
-        }
-        auto [ptr, n] = checked(reader, name);
-        lengths[key] = n;
-        it = records.emplace(key, std::move(ptr)).first;
-      }
-      return {static_cast<const char*>(it->second.get()), lengths[key]};
-    }, bytes.size(), origin);
+    return to_state_dict(
+        *root,
+        [&](const std::string& key) -> std::pair<const char*, size_t> {
+          auto it = records.find(key);
+          if (it == records.end()) {
+            const std::string name = "data/" + key;
+            if (key.find('/') != std::string::npos || !reader.hasRecord(name)) {
+              bad(origin, "storage record '" + name + "' is missing");
+            }
+            auto [ptr, n] = checked(reader, name);
+            lengths[key] = n;
+            it = records.emplace(key, std::move(ptr)).first;
+          }
+          return {static_cast<const char*>(it->second.get()), lengths[key]};
+        },
+        bytes.size(), origin);
   } catch (const c10::Error& e) {
     bad(origin, std::string("unreadable torch.save zip archive: ") + e.what_without_backtrace());
   }

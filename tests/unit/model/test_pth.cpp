@@ -27,10 +27,10 @@ namespace {
 // Runs make_pth.py into `dir`; `marker` is the file evil.pth would create if it were run.
 void make_fixtures(const TempDir& dir) {
   require_torchvision();
-  const std::string command = std::string(TRAINER_PYTHON) + " " +
-                              quoted(std::string(TRAINER_SOURCE_DIR) + "/tests/parity/make_pth.py") +
-                              " --out " + quoted(dir.path().string()) + " --marker " +
-                              quoted(dir.file("MARKER"));
+  const std::string command =
+      std::string(TRAINER_PYTHON) + " " +
+      quoted(std::string(TRAINER_SOURCE_DIR) + "/tests/parity/make_pth.py") + " --out " +
+      quoted(dir.path().string()) + " --marker " + quoted(dir.file("MARKER"));
   const Run run = run_command(command);
   INFO("command: " << command << "\noutput:\n" << run.output);
   REQUIRE(run.rc == 0);
@@ -90,8 +90,8 @@ TEST_CASE("a torchvision .pth gives torchvision's logits, and its head is replac
     CHECK(torch::equal(find(load_weights(dir.file("weights.bin")), "fc.weight"),
                        find(sd, "fc.weight")));
     save_safetensors(dir.file("weights.pth"), {{"fc.bias", find(sd, "fc.bias")}});
-    CHECK(torch::equal(find(load_weights(dir.file("weights.pth")), "fc.bias"),
-                       find(sd, "fc.bias")));
+    CHECK(
+        torch::equal(find(load_weights(dir.file("weights.pth")), "fc.bias"), find(sd, "fc.bias")));
   }
 }
 
@@ -119,7 +119,8 @@ TEST_CASE("every torch.save flavour of a state dict reads the same, and other pi
   CHECK_FALSE(std::filesystem::exists(dir.file("MARKER")));
   // A file cut short: the zip's central directory is gone.
   std::filesystem::copy_file(dir.file("resnet18.pth"), dir.file("cut.pth"));
-  std::filesystem::resize_file(dir.file("cut.pth"), std::filesystem::file_size(dir.file("cut.pth")) / 2);
+  std::filesystem::resize_file(dir.file("cut.pth"),
+                               std::filesystem::file_size(dir.file("cut.pth")) / 2);
   CHECK_THAT(data_error_of([&] { load_pth(dir.file("cut.pth")); }), Contains("cut.pth"));
   std::filesystem::copy_file(dir.file("resnet18_legacy.pth"), dir.file("cut_legacy.pth"));
   std::filesystem::resize_file(dir.file("cut_legacy.pth"),
@@ -161,7 +162,14 @@ struct Pickle {
   Pickle& tensor(const std::string& key, int64_t numel, int64_t offset,
                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
     global("torch._utils", "_rebuild_tensor_v2").op('(');
-    op('(').str("storage").global("torch", "FloatStorage").str(key).str("cpu").i(static_cast<int32_t>(numel)).op('t').op('Q');
+    op('(')
+        .str("storage")
+        .global("torch", "FloatStorage")
+        .str(key)
+        .str("cpu")
+        .i(static_cast<int32_t>(numel))
+        .op('t')
+        .op('Q');
     i(static_cast<int32_t>(offset)).ints(sizes).ints(strides).op('\x89');
     global("collections", "OrderedDict").op(')').op('R');
     return op('t').op('R');
@@ -189,7 +197,13 @@ std::string legacy(const std::string& object,
 
 std::string one_tensor(int64_t numel, int64_t offset, const std::vector<int64_t>& sizes,
                        const std::vector<int64_t>& strides) {
-  return Pickle().op('}').op('(').str("w").tensor("0", numel, offset, sizes, strides).op('u').done();
+  return Pickle()
+      .op('}')
+      .op('(')
+      .str("w")
+      .tensor("0", numel, offset, sizes, strides)
+      .op('u')
+      .done();
 }
 
 std::string error_of(const std::string& bytes) {
@@ -236,12 +250,21 @@ TEST_CASE("a hand-built legacy stream reads, and hostile ones fail by name", "[p
     CHECK_THAT(error_of(legacy(p.done(), {})), Contains("nested deeper than 64"));
   }
   SECTION("a list inside itself, and a list changed after it went into another") {
-    CHECK_THAT(error_of(legacy(Pickle().op(']').op('q').le(0, 1).op('h').le(0, 1).op('a').done(), {})),
-               Contains("inside itself"));
+    CHECK_THAT(
+        error_of(legacy(Pickle().op(']').op('q').le(0, 1).op('h').le(0, 1).op('a').done(), {})),
+        Contains("inside itself"));
     const std::string changed = Pickle()
-                                    .op(']').op('q').le(0, 1)           // A
-                                    .op(']').op('h').le(0, 1).op('a')   // B = [A]
-                                    .op('h').le(0, 1).op('N').op('a')   // A.append(None)
+                                    .op(']')
+                                    .op('q')
+                                    .le(0, 1)  // A
+                                    .op(']')
+                                    .op('h')
+                                    .le(0, 1)
+                                    .op('a')  // B = [A]
+                                    .op('h')
+                                    .le(0, 1)
+                                    .op('N')
+                                    .op('a')  // A.append(None)
                                     .done();
     CHECK_THAT(error_of(legacy(changed, {})), Contains("already inside another value"));
   }
@@ -256,10 +279,27 @@ TEST_CASE("a hand-built legacy stream reads, and hostile ones fail by name", "[p
     CHECK_THAT(error_of(cut), Contains("pickle byte") && Contains("truncated"));
     CHECK_THAT(error_of(legacy(Pickle().global("torch", "UntypedStorage").op('N').done(), {})),
                Contains("STOP with a malformed stack"));
-    const std::string bad_storage =
-        Pickle().op('}').op('(').str("w").global("torch._utils", "_rebuild_tensor_v2").op('(')
-            .op('(').str("storage").global("torch", "QInt8Storage").str("0").str("cpu").i(1)
-            .op('t').op('Q').i(0).ints({1}).ints({1}).op('t').op('R').op('u').done();
+    const std::string bad_storage = Pickle()
+                                        .op('}')
+                                        .op('(')
+                                        .str("w")
+                                        .global("torch._utils", "_rebuild_tensor_v2")
+                                        .op('(')
+                                        .op('(')
+                                        .str("storage")
+                                        .global("torch", "QInt8Storage")
+                                        .str("0")
+                                        .str("cpu")
+                                        .i(1)
+                                        .op('t')
+                                        .op('Q')
+                                        .i(0)
+                                        .ints({1})
+                                        .ints({1})
+                                        .op('t')
+                                        .op('R')
+                                        .op('u')
+                                        .done();
     CHECK_THAT(error_of(legacy(bad_storage, {{"0", {0}}})),
                Contains("unsupported storage type torch.QInt8Storage"));
   }
@@ -270,7 +310,8 @@ TEST_CASE("a hand-built legacy stream reads, and hostile ones fail by name", "[p
   }
 }
 
-TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fails by name", "[pth]") {
+TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fails by name",
+          "[pth]") {
   c10::Dict<std::string, at::Tensor> dict;
   dict.insert("w", torch::arange(6, torch::kFloat).reshape({2, 3}).t());
   dict.insert("n", torch::tensor(5, torch::kLong));
@@ -292,4 +333,12 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   damaged[at + 5] ^= 0x55;
   CHECK_THAT(data_error_of([&] { decode_pth(damaged, "damaged.pth"); }),
              Contains("damaged.pth") && Contains("record 'data/0' fails its CRC-32 check"));
+
+  // A member marked deflated (LibTorch's reader would allocate whatever size it declares).
+  std::string deflated = bytes;
+  const size_t entry = deflated.find("PK\x01\x02");
+  REQUIRE(entry != std::string::npos);
+  deflated[entry + 10] = 8;
+  CHECK_THAT(data_error_of([&] { decode_pth(deflated, "deflated.pth"); }),
+             Contains("deflated.pth") && Contains("is compressed"));
 }
