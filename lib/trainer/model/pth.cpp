@@ -1,7 +1,9 @@
 #include "trainer/model/pth.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/versions.h>
 
+#include <cctype>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -849,14 +851,18 @@ uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
 struct Member {
   uint32_t crc = 0;
   bool stored = true;  // not compressed
+  uint64_t local = 0;  // offset of its local header
+  uint64_t size = 0;   // compressed size (0xffffffff: in a zip64 extra field)
 };
 
-// The CRC-32 of every member, and whether it is stored uncompressed, from the zip's central
-// directory (zip64 included). LibTorch's
-// reader is built with miniz's CRC checks off, so a damaged .pth would load garbage weights;
-// the records read are checked against these instead. Throws DataError on a malformed directory.
-std::unordered_map<std::string, Member> zip_members(const std::string& bytes,
-                                                    const std::string& origin) {
+struct ZipDirectory {
+  std::string first;  // the first member's name: LibTorch takes the archive folder from it
+  std::unordered_map<std::string, Member> members;
+};
+
+// The zip's central directory (zip64 included): per member its CRC-32, whether it is stored
+// uncompressed, and where it is. Throws DataError on a malformed directory.
+ZipDirectory zip_directory(const std::string& bytes, const std::string& origin) {
   const auto malformed = [&](const std::string& what) {
     bad(origin, "malformed zip central directory: " + what);
   };
@@ -880,7 +886,7 @@ std::unordered_map<std::string, Member> zip_members(const std::string& bytes,
     entries = le_at(bytes, z + 32, 8);
     offset = le_at(bytes, z + 48, 8);
   }
-  std::unordered_map<std::string, Member> members;
+  ZipDirectory dir;
   uint64_t pos = offset;
   for (uint64_t k = 0; k < entries; ++k) {
     if (pos > size || size - pos < 46 || le_at(bytes, pos, 4) != 0x02014b50) {
@@ -889,26 +895,74 @@ std::unordered_map<std::string, Member> zip_members(const std::string& bytes,
     const uint64_t name_len = le_at(bytes, pos + 28, 2);
     const uint64_t rest = name_len + le_at(bytes, pos + 30, 2) + le_at(bytes, pos + 32, 2);
     if (size - pos - 46 < rest) malformed("entry " + std::to_string(k) + " runs past the end");
-    members[bytes.substr(pos + 46, name_len)] = {static_cast<uint32_t>(le_at(bytes, pos + 16, 4)),
-                                                 le_at(bytes, pos + 10, 2) == 0};
+    std::string name = bytes.substr(pos + 46, name_len);
+    if (k == 0) dir.first = name;
+    dir.members[std::move(name)] = {static_cast<uint32_t>(le_at(bytes, pos + 16, 4)),
+                                    le_at(bytes, pos + 10, 2) == 0, le_at(bytes, pos + 42, 4),
+                                    le_at(bytes, pos + 20, 4)};
     pos += 46 + rest;
   }
-  return members;
+  if (dir.members.empty()) malformed("no members");
+  return dir;
+}
+
+// The bytes of a small stored member, read through its local header.
+std::string stored_member(const std::string& bytes, const std::string& name, const Member& m,
+                          const std::string& origin) {
+  const uint64_t size = bytes.size();
+  if (!m.stored || m.local > size || size - m.local < 30 ||
+      le_at(bytes, m.local, 4) != 0x04034b50) {
+    bad(origin, "zip member '" + name + "' is not a stored member with a local header");
+  }
+  const uint64_t start =
+      m.local + 30 + le_at(bytes, m.local + 26, 2) + le_at(bytes, m.local + 28, 2);
+  if (start > size || size - start < m.size || m.size > 64) {
+    bad(origin, "zip member '" + name + "' runs past the end of the file");
+  }
+  return bytes.substr(start, m.size);
+}
+
+// What LibTorch's PyTorchStreamReader constructor requires, checked first: it throws when these
+// fail after miniz has allocated its state, which it then never frees, and it parses the version
+// with a stoull that throws std::invalid_argument.
+std::string libtorch_prefix(const std::string& bytes, const ZipDirectory& dir,
+                            const std::string& origin) {
+  const size_t slash = dir.first.find('/');
+  if (slash == std::string::npos) {
+    bad(origin, "zip member '" + dir.first + "' is not in a folder: not a torch.save archive");
+  }
+  const std::string prefix = dir.first.substr(0, slash + 1);
+  auto version = dir.members.find(prefix + ".data/version");
+  if (version == dir.members.end()) version = dir.members.find(prefix + "version");
+  if (version == dir.members.end()) {
+    bad(origin, "zip archive without a version record: not a torch.save file");
+  }
+  const std::string text = stored_member(bytes, version->first, version->second, origin);
+  uint64_t value = 0;
+  size_t k = text.find_first_not_of(" \t\n\r\f\v");
+  const bool digits = k != std::string::npos && std::isdigit(static_cast<unsigned char>(text[k]));
+  for (int n = 0; k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])) && n < 6;
+       ++k, ++n) {
+    value = value * 10 + static_cast<uint64_t>(text[k] - '0');
+  }
+  if (!digits || value < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      value > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+    bad(origin, "torch.save format version '" + text + "' is not one this LibTorch reads (" +
+                    std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
+                    std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
+  }
+  return prefix;
 }
 
 StateDict decode_zip(const std::string& bytes, const std::string& origin) {
-  const std::unordered_map<std::string, Member> members = zip_members(bytes, origin);
-  // Member names are "<archive>/<record>"; LibTorch takes <archive> from the first member.
-  std::string prefix;
-  for (const auto& entry : members) {
-    const size_t slash = entry.first.find('/');
-    if (slash != std::string::npos) prefix = entry.first.substr(0, slash + 1);
-    break;
-  }
+  const ZipDirectory dir = zip_directory(bytes, origin);
+  const std::string prefix = libtorch_prefix(bytes, dir, origin);
+  // LibTorch's reader is built with miniz's CRC checks off, so a damaged .pth would load garbage
+  // weights: every record read is checked against the central directory's CRC-32 here.
   const auto checked = [&](caffe2::serialize::PyTorchStreamReader& reader,
                            const std::string& record) {
-    const auto member = members.find(prefix + record);
-    if (member == members.end()) {
+    const auto member = dir.members.find(prefix + record);
+    if (member == dir.members.end()) {
       bad(origin, "record '" + record + "' is not in the zip's central directory");
     }
     // torch.save stores records uncompressed, and for those miniz bounds the size by the
@@ -965,6 +1019,10 @@ StateDict decode_zip(const std::string& bytes, const std::string& origin) {
         bytes.size(), origin);
   } catch (const c10::Error& e) {
     bad(origin, std::string("unreadable torch.save zip archive: ") + e.what_without_backtrace());
+  } catch (const std::invalid_argument& e) {  // LibTorch parses numbers with std::stoull
+    bad(origin, std::string("unreadable torch.save zip archive: ") + e.what());
+  } catch (const std::out_of_range& e) {
+    bad(origin, std::string("unreadable torch.save zip archive: ") + e.what());
   }
 }
 

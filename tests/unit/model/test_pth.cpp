@@ -334,6 +334,15 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   CHECK_THAT(data_error_of([&] { decode_pth(damaged, "damaged.pth"); }),
              Contains("damaged.pth") && Contains("record 'data/0' fails its CRC-32 check"));
 
+  // No version record: checked before LibTorch's reader, which would throw after allocating
+  // miniz's state and leak it (a fuzz finding).
+  std::string unversioned = bytes;
+  for (size_t p = 0; (p = unversioned.find("archive/version", p)) != std::string::npos; ++p) {
+    unversioned[p + 14] = 'X';
+  }
+  CHECK_THAT(data_error_of([&] { decode_pth(unversioned, "unversioned.pth"); }),
+             Contains("unversioned.pth") && Contains("without a version record"));
+
   // A member marked deflated (LibTorch's reader would allocate whatever size it declares).
   std::string deflated = bytes;
   const size_t entry = deflated.find("PK\x01\x02");
