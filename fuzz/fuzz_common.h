@@ -55,13 +55,17 @@ inline void write_bytes(const fs::path& path, const uint8_t* data, size_t size) 
 // Quiets the library's logging (a warning per input would dominate the run).
 inline void quiet_logs() { spdlog::set_level(spdlog::level::off); }
 
-// Runs f; lets the errors the trainer reports to users pass, aborts on anything else.
+// Runs f; lets the errors the trainer reports to users pass, aborts on anything else. With
+// FUZZ_PRINT set, prints each error message (to see why a reproduced input fails).
 template <class F>
 void expect_clean_errors(const char* target, F&& f) {
   try {
     f();
   } catch (...) {
     const ErrorSummary why = describe_exception(std::current_exception());
+    if (std::getenv("FUZZ_PRINT")) {
+      std::fprintf(stderr, "%s: %s\n", target, why.message.c_str());
+    }
     if (why.kind == ErrorKind::kInternal) {
       std::fprintf(stderr, "%s: this input gives an internal error (a bug): %s\n", target,
                    why.message.c_str());

@@ -1,8 +1,8 @@
 #include "trainer/model/pth.h"
 
-#include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/versions.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <functional>
@@ -823,21 +823,15 @@ StateDict decode_legacy(const std::string& bytes, const std::string& origin) {
       bytes.size(), origin);
 }
 
-// LibTorch's zip reader over bytes in memory.
-class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesAdapter(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<size_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
+// ---- The zip container -------------------------------------------------------------------------
+// torch.save's zip (PyTorch >= 1.6) is read here, not through LibTorch's PyTorchStreamReader:
+// that reader throws from its constructor on malformed archives after miniz has allocated its
+// state, which is then never freed (two fuzz findings: no version record, and a directory miniz
+// reads as empty where the zip64 record says otherwise), parses the version with a throwing
+// std::stoull, has miniz's CRC checks off, and copies every record. torch.save stores its
+// records uncompressed, so reading them is bounds checks over the file's bytes: one parse of the
+// central directory, each record found through it, bounded by the file, its local header
+// checked, its CRC-32 verified, and its bytes used where they lie.
 
 uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
   uint64_t v = 0;
@@ -850,180 +844,210 @@ uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
 
 struct Member {
   uint32_t crc = 0;
-  bool stored = true;  // not compressed
+  uint16_t flags = 0;
+  uint16_t method = 0;      // 0: stored
+  uint64_t compressed = 0;  // sizes and offset after any zip64 extra field
+  uint64_t size = 0;
   uint64_t local = 0;  // offset of its local header
-  uint64_t size = 0;   // compressed size (0xffffffff: in a zip64 extra field)
 };
 
-struct ZipDirectory {
-  std::string first;  // the first member's name: LibTorch takes the archive folder from it
-  std::unordered_map<std::string, Member> members;
+class ZipArchive {
+ public:
+  // Parses the central directory (zip64 included) and finds the archive folder and the format
+  // version. Throws DataError on anything malformed.
+  ZipArchive(const std::string& bytes, std::string origin)
+      : bytes_(bytes), origin_(std::move(origin)) {
+    read_directory();
+    const size_t slash = first_.find('/');
+    if (slash == std::string::npos) {
+      bad(origin_, "zip member '" + first_ + "' is not in a folder: not a torch.save archive");
+    }
+    prefix_ = first_.substr(0, slash + 1);
+    check_version();
+  }
+
+  bool has(const std::string& record) const { return members_.count(prefix_ + record) != 0; }
+
+  // A record's bytes, where they lie in the file: stored, inside the file, CRC-32 checked.
+  std::pair<const char*, size_t> record(const std::string& record) const {
+    const auto it = members_.find(prefix_ + record);
+    if (it == members_.end()) bad(origin_, "record '" + record + "' is not in the zip archive");
+    const Member& m = it->second;
+    if (m.flags & 1) bad(origin_, "record '" + record + "' is encrypted");
+    if (m.method != 0) {
+      bad(origin_, "record '" + record + "' is compressed; torch.save writes stored records only");
+    }
+    if (m.compressed != m.size) {
+      bad(origin_, "record '" + record + "' is stored but its sizes differ (" +
+                       std::to_string(m.compressed) + " and " + std::to_string(m.size) + ")");
+    }
+    const uint64_t file = bytes_.size();
+    if (m.local > file || file - m.local < 30 || le_at(bytes_, m.local, 4) != 0x04034b50) {
+      bad(origin_, "record '" + record + "' has no local header where the directory says");
+    }
+    const uint64_t name_len = le_at(bytes_, m.local + 26, 2);
+    const uint64_t start = m.local + 30 + name_len + le_at(bytes_, m.local + 28, 2);
+    if (start > file || file - start < m.size) {
+      bad(origin_, "record '" + record + "' runs past the end of the file (truncated?)");
+    }
+    if (bytes_.compare(m.local + 30, name_len, it->first) != 0) {
+      bad(origin_, "record '" + record + "': its local header names another member");
+    }
+    const char* data = bytes_.data() + start;
+    const uint32_t computed = util::crc32(data, m.size);
+    if (computed != m.crc) {
+      std::ostringstream msg;
+      msg << "record '" << record << "' fails its CRC-32 check (stored 0x" << std::hex << m.crc
+          << ", computed 0x" << computed << "): the file is damaged";
+      bad(origin_, msg.str());
+    }
+    return {data, static_cast<size_t>(m.size)};
+  }
+
+ private:
+  [[noreturn]] void malformed(const std::string& what) const {
+    bad(origin_, "malformed zip central directory: " + what);
+  }
+
+  void read_directory() {
+    const std::string& b = bytes_;
+    const uint64_t size = b.size();
+    // The end-of-central-directory record: in the last 64 KiB + 22 bytes.
+    if (size < 22) malformed("file too short");
+    uint64_t eocd = size - 22;
+    const uint64_t lowest = size > 22 + 65535 ? size - 22 - 65535 : 0;
+    while (le_at(b, eocd, 4) != 0x06054b50) {
+      if (eocd == lowest) malformed("no end record (truncated?)");
+      --eocd;
+    }
+    uint64_t entries = le_at(b, eocd + 10, 2);
+    uint64_t offset = le_at(b, eocd + 16, 4);
+    if (le_at(b, eocd + 4, 4) != 0 || le_at(b, eocd + 8, 2) != entries) {
+      malformed("spans several disks");
+    }
+    if (eocd >= 20 && le_at(b, eocd - 20, 4) == 0x07064b50) {  // zip64 locator -> zip64 record
+      const uint64_t z = le_at(b, eocd - 20 + 8, 8);
+      if (size < 56 || z > size - 56 || le_at(b, z, 4) != 0x06064b50) {
+        malformed("bad zip64 end record");
+      }
+      if (le_at(b, z + 16, 8) != 0 || le_at(b, z + 24, 8) != le_at(b, z + 32, 8)) {
+        malformed("spans several disks");
+      }
+      entries = le_at(b, z + 32, 8);
+      offset = le_at(b, z + 48, 8);
+    }
+    if (entries == 0) malformed("no members");
+    uint64_t pos = offset;
+    for (uint64_t k = 0; k < entries; ++k) {
+      const std::string entry = "entry " + std::to_string(k);
+      if (pos > size || size - pos < 46 || le_at(b, pos, 4) != 0x02014b50) {
+        malformed(entry + " out of place");
+      }
+      const uint64_t name_len = le_at(b, pos + 28, 2);
+      const uint64_t extra_len = le_at(b, pos + 30, 2);
+      const uint64_t rest = name_len + extra_len + le_at(b, pos + 32, 2);
+      if (size - pos - 46 < rest) malformed(entry + " runs past the end");
+      Member m;
+      m.flags = static_cast<uint16_t>(le_at(b, pos + 8, 2));
+      m.method = static_cast<uint16_t>(le_at(b, pos + 10, 2));
+      m.crc = static_cast<uint32_t>(le_at(b, pos + 16, 4));
+      m.compressed = le_at(b, pos + 20, 4);
+      m.size = le_at(b, pos + 24, 4);
+      m.local = le_at(b, pos + 42, 4);
+      zip64_extra(pos + 46 + name_len, extra_len, m, entry);
+      std::string name = b.substr(pos + 46, name_len);
+      if (k == 0) first_ = name;
+      if (!members_.emplace(name, m).second) malformed("member '" + name + "' appears twice");
+      pos += 46 + rest;
+    }
+  }
+
+  // Sizes and offset too large for the entry's 32-bit fields are in its zip64 extra field (id 1),
+  // in this order, each present only when the entry's field is 0xffffffff.
+  void zip64_extra(uint64_t pos, uint64_t len, Member& m, const std::string& entry) const {
+    const bool want[3] = {m.size == 0xffffffff, m.compressed == 0xffffffff, m.local == 0xffffffff};
+    if (!want[0] && !want[1] && !want[2]) return;
+    const uint64_t end = pos + len;
+    while (end - pos >= 4) {
+      const uint64_t id = le_at(bytes_, pos, 2);
+      const uint64_t n = le_at(bytes_, pos + 2, 2);
+      if (end - pos - 4 < n) break;
+      if (id == 1) {
+        uint64_t at = pos + 4;
+        uint64_t* fields[3] = {&m.size, &m.compressed, &m.local};
+        for (int f = 0; f < 3; ++f) {
+          if (!want[f]) continue;
+          if (at + 8 > pos + 4 + n) malformed(entry + ": zip64 extra field too short");
+          *fields[f] = le_at(bytes_, at, 8);
+          at += 8;
+        }
+        return;
+      }
+      pos += 4 + n;
+    }
+    malformed(entry + ": sizes need a zip64 extra field it lacks");
+  }
+
+  // The format version LibTorch records: what this reader knows is versions 1 to LibTorch's
+  // maximum (the pickle layout of storages has not changed within them).
+  void check_version() const {
+    const char* name = has(".data/version") ? ".data/version" : "version";
+    if (!has(name)) bad(origin_, "zip archive without a version record: not a torch.save file");
+    const auto [data, n] = record(name);
+    const std::string text(data, std::min<size_t>(n, 64));
+    uint64_t value = 0;
+    size_t k = text.find_first_not_of(" \t\n\r\f\v");
+    const bool digits = k != std::string::npos && std::isdigit(static_cast<unsigned char>(text[k]));
+    for (int d = 0; k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])) && d < 6;
+         ++k, ++d) {
+      value = value * 10 + static_cast<uint64_t>(text[k] - '0');
+    }
+    if (!digits || value < caffe2::serialize::kMinSupportedFileFormatVersion ||
+        value > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+      bad(origin_, "torch.save format version '" + text + "' is not one this reader knows (" +
+                       std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
+                       std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
+    }
+  }
+
+  const std::string& bytes_;
+  std::string origin_;
+  std::unordered_map<std::string, Member> members_;
+  std::string first_;   // the first member's name: its folder is the archive's
+  std::string prefix_;  // that folder and a slash
 };
-
-// The zip's central directory (zip64 included): per member its CRC-32, whether it is stored
-// uncompressed, and where it is. Throws DataError on a malformed directory.
-ZipDirectory zip_directory(const std::string& bytes, const std::string& origin) {
-  const auto malformed = [&](const std::string& what) {
-    bad(origin, "malformed zip central directory: " + what);
-  };
-  // The end-of-central-directory record: in the last 64 KiB + 22 bytes.
-  const uint64_t size = bytes.size();
-  if (size < 22) malformed("file too short");
-  uint64_t eocd = size - 22;
-  const uint64_t lowest = size > 22 + 65535 ? size - 22 - 65535 : 0;
-  while (le_at(bytes, eocd, 4) != 0x06054b50) {
-    if (eocd == lowest) malformed("no end record (truncated?)");
-    --eocd;
-  }
-  uint64_t entries = le_at(bytes, eocd + 10, 2);
-  uint64_t offset = le_at(bytes, eocd + 16, 4);
-  if ((entries == 0xffff || offset == 0xffffffff) && eocd >= 20 &&
-      le_at(bytes, eocd - 20, 4) == 0x07064b50) {  // zip64: locator -> zip64 end record
-    const uint64_t z = le_at(bytes, eocd - 20 + 8, 8);
-    if (size < 56 || z > size - 56 || le_at(bytes, z, 4) != 0x06064b50) {
-      malformed("bad zip64 end record");
-    }
-    entries = le_at(bytes, z + 32, 8);
-    offset = le_at(bytes, z + 48, 8);
-  }
-  ZipDirectory dir;
-  uint64_t pos = offset;
-  for (uint64_t k = 0; k < entries; ++k) {
-    if (pos > size || size - pos < 46 || le_at(bytes, pos, 4) != 0x02014b50) {
-      malformed("entry " + std::to_string(k) + " out of place");
-    }
-    const uint64_t name_len = le_at(bytes, pos + 28, 2);
-    const uint64_t rest = name_len + le_at(bytes, pos + 30, 2) + le_at(bytes, pos + 32, 2);
-    if (size - pos - 46 < rest) malformed("entry " + std::to_string(k) + " runs past the end");
-    std::string name = bytes.substr(pos + 46, name_len);
-    if (k == 0) dir.first = name;
-    dir.members[std::move(name)] = {static_cast<uint32_t>(le_at(bytes, pos + 16, 4)),
-                                    le_at(bytes, pos + 10, 2) == 0, le_at(bytes, pos + 42, 4),
-                                    le_at(bytes, pos + 20, 4)};
-    pos += 46 + rest;
-  }
-  if (dir.members.empty()) malformed("no members");
-  return dir;
-}
-
-// The bytes of a small stored member, read through its local header.
-std::string stored_member(const std::string& bytes, const std::string& name, const Member& m,
-                          const std::string& origin) {
-  const uint64_t size = bytes.size();
-  if (!m.stored || m.local > size || size - m.local < 30 ||
-      le_at(bytes, m.local, 4) != 0x04034b50) {
-    bad(origin, "zip member '" + name + "' is not a stored member with a local header");
-  }
-  const uint64_t start =
-      m.local + 30 + le_at(bytes, m.local + 26, 2) + le_at(bytes, m.local + 28, 2);
-  if (start > size || size - start < m.size || m.size > 64) {
-    bad(origin, "zip member '" + name + "' runs past the end of the file");
-  }
-  return bytes.substr(start, m.size);
-}
-
-// What LibTorch's PyTorchStreamReader constructor requires, checked first: it throws when these
-// fail after miniz has allocated its state, which it then never frees, and it parses the version
-// with a stoull that throws std::invalid_argument.
-std::string libtorch_prefix(const std::string& bytes, const ZipDirectory& dir,
-                            const std::string& origin) {
-  const size_t slash = dir.first.find('/');
-  if (slash == std::string::npos) {
-    bad(origin, "zip member '" + dir.first + "' is not in a folder: not a torch.save archive");
-  }
-  const std::string prefix = dir.first.substr(0, slash + 1);
-  auto version = dir.members.find(prefix + ".data/version");
-  if (version == dir.members.end()) version = dir.members.find(prefix + "version");
-  if (version == dir.members.end()) {
-    bad(origin, "zip archive without a version record: not a torch.save file");
-  }
-  const std::string text = stored_member(bytes, version->first, version->second, origin);
-  uint64_t value = 0;
-  size_t k = text.find_first_not_of(" \t\n\r\f\v");
-  const bool digits = k != std::string::npos && std::isdigit(static_cast<unsigned char>(text[k]));
-  for (int n = 0; k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])) && n < 6;
-       ++k, ++n) {
-    value = value * 10 + static_cast<uint64_t>(text[k] - '0');
-  }
-  if (!digits || value < caffe2::serialize::kMinSupportedFileFormatVersion ||
-      value > caffe2::serialize::kMaxSupportedFileFormatVersion) {
-    bad(origin, "torch.save format version '" + text + "' is not one this LibTorch reads (" +
-                    std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
-                    std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
-  }
-  return prefix;
-}
 
 StateDict decode_zip(const std::string& bytes, const std::string& origin) {
-  const ZipDirectory dir = zip_directory(bytes, origin);
-  const std::string prefix = libtorch_prefix(bytes, dir, origin);
-  // LibTorch's reader is built with miniz's CRC checks off, so a damaged .pth would load garbage
-  // weights: every record read is checked against the central directory's CRC-32 here.
-  const auto checked = [&](caffe2::serialize::PyTorchStreamReader& reader,
-                           const std::string& record) {
-    const auto member = dir.members.find(prefix + record);
-    if (member == dir.members.end()) {
-      bad(origin, "record '" + record + "' is not in the zip's central directory");
-    }
-    // torch.save stores records uncompressed, and for those miniz bounds the size by the
-    // file's; a deflated one could declare any size, which LibTorch's reader allocates first.
-    if (!member->second.stored) {
-      bad(origin, "record '" + record + "' is compressed; torch.save writes stored records only");
-    }
-    auto [ptr, n] = reader.getRecord(record);
-    const uint32_t computed = util::crc32(ptr.get(), n);
-    if (member->second.crc != computed) {
-      std::ostringstream msg;
-      msg << "record '" << record << "' fails its CRC-32 check (stored 0x" << std::hex
-          << member->second.crc << ", computed 0x" << computed << "): the file is damaged";
-      bad(origin, msg.str());
-    }
-    return std::make_pair(std::move(ptr), n);
-  };
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
-    if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py")) {
-      bad(origin,
-          "is a TorchScript archive (torch.jit.save), not a state dict; save the weights "
-          "with torch.save(model.state_dict(), PATH)");
-    }
-    if (!reader.hasRecord("data.pkl"))
-      bad(origin, "zip archive without data.pkl: not a torch.save file");
-    if (reader.hasRecord("byteorder")) {
-      const auto [ptr, n] = checked(reader, "byteorder");
-      if (std::string(static_cast<const char*>(ptr.get()), n) != "little") {
-        bad(origin, "was saved on a big-endian machine; re-save it on a little-endian one");
-      }
-    }
-    const auto [pkl_ptr, pkl_size] = checked(reader, "data.pkl");
-    const std::string pickle(static_cast<const char*>(pkl_ptr.get()), pkl_size);
-    size_t pos = 0;
-    const ValuePtr root = unpickle(pickle, pos, origin);
-    std::unordered_map<std::string, at::DataPtr> records;
-    std::unordered_map<std::string, size_t> lengths;
-    return to_state_dict(
-        *root,
-        [&](const std::string& key) -> std::pair<const char*, size_t> {
-          auto it = records.find(key);
-          if (it == records.end()) {
-            const std::string name = "data/" + key;
-            if (key.find('/') != std::string::npos || !reader.hasRecord(name)) {
-              bad(origin, "storage record '" + name + "' is missing");
-            }
-            auto [ptr, n] = checked(reader, name);
-            lengths[key] = n;
-            it = records.emplace(key, std::move(ptr)).first;
-          }
-          return {static_cast<const char*>(it->second.get()), lengths[key]};
-        },
-        bytes.size(), origin);
-  } catch (const c10::Error& e) {
-    bad(origin, std::string("unreadable torch.save zip archive: ") + e.what_without_backtrace());
-  } catch (const std::invalid_argument& e) {  // LibTorch parses numbers with std::stoull
-    bad(origin, std::string("unreadable torch.save zip archive: ") + e.what());
-  } catch (const std::out_of_range& e) {
-    bad(origin, std::string("unreadable torch.save zip archive: ") + e.what());
+  const ZipArchive zip(bytes, origin);
+  if (zip.has("constants.pkl") || zip.has("code/__torch__.py")) {
+    bad(origin,
+        "is a TorchScript archive (torch.jit.save), not a state dict; save the weights "
+        "with torch.save(model.state_dict(), PATH)");
   }
+  if (!zip.has("data.pkl")) bad(origin, "zip archive without data.pkl: not a torch.save file");
+  if (zip.has("byteorder")) {
+    const auto [data, n] = zip.record("byteorder");
+    if (std::string(data, n) != "little") {
+      bad(origin, "was saved on a big-endian machine; re-save it on a little-endian one");
+    }
+  }
+  const auto [pkl, pkl_size] = zip.record("data.pkl");
+  const std::string pickle(pkl, pkl_size);
+  size_t pos = 0;
+  const ValuePtr root = unpickle(pickle, pos, origin);
+  std::unordered_map<std::string, std::pair<const char*, size_t>> checked;  // CRC once each
+  return to_state_dict(
+      *root,
+      [&](const std::string& key) -> std::pair<const char*, size_t> {
+        const auto done = checked.find(key);
+        if (done != checked.end()) return done->second;
+        const std::string name = "data/" + key;
+        if (key.find('/') != std::string::npos || !zip.has(name)) {
+          bad(origin, "storage record '" + name + "' is missing");
+        }
+        return checked.emplace(key, zip.record(name)).first->second;
+      },
+      bytes.size(), origin);
 }
 
 }  // namespace

@@ -334,8 +334,7 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   CHECK_THAT(data_error_of([&] { decode_pth(damaged, "damaged.pth"); }),
              Contains("damaged.pth") && Contains("record 'data/0' fails its CRC-32 check"));
 
-  // No version record: checked before LibTorch's reader, which would throw after allocating
-  // miniz's state and leak it (a fuzz finding).
+  // No version record (LibTorch's own reader leaked miniz's state here: a fuzz finding).
   std::string unversioned = bytes;
   for (size_t p = 0; (p = unversioned.find("archive/version", p)) != std::string::npos; ++p) {
     unversioned[p + 14] = 'X';
@@ -343,7 +342,35 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   CHECK_THAT(data_error_of([&] { decode_pth(unversioned, "unversioned.pth"); }),
              Contains("unversioned.pth") && Contains("without a version record"));
 
-  // A member marked deflated (LibTorch's reader would allocate whatever size it declares).
+  // A zip64 end record that says the directory is empty, placed before the end record: the
+  // directory is read through it (LibTorch's reader leaked miniz's state here: a fuzz finding).
+  {
+    REQUIRE(bytes.size() > 22);
+    const size_t eocd = bytes.size() - 22;
+    REQUIRE(bytes.compare(eocd, 4, "PK\x05\x06", 4) == 0);
+    const auto le = [](uint64_t v, int n) {
+      std::string out;
+      for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xff);
+      return out;
+    };
+    const std::string zip64 = "PK\x06\x06" + le(44, 8) + le(45, 2) + le(45, 2) + le(0, 4) +
+                              le(0, 4) + le(0, 8) + le(0, 8) + le(0, 8) + le(eocd, 8);
+    const std::string locator = "PK\x06\x07" + le(0, 4) + le(eocd, 8) + le(1, 4);
+    const std::string emptied = bytes.substr(0, eocd) + zip64 + locator + bytes.substr(eocd);
+    CHECK_THAT(data_error_of([&] { decode_pth(emptied, "emptied.pth"); }),
+               Contains("emptied.pth") && Contains("no members"));
+  }
+
+  // Two directory entries with one name.
+  std::string twice = bytes;
+  const size_t second = twice.rfind("archive/data/1");
+  REQUIRE(second != std::string::npos);
+  REQUIRE(second > twice.find("PK\x01\x02"));  // the directory's copy of the name
+  twice[second + 13] = '0';
+  CHECK_THAT(data_error_of([&] { decode_pth(twice, "twice.pth"); }),
+             Contains("twice.pth") && Contains("'archive/data/0' appears twice"));
+
+  // A member marked deflated (a reader that inflated it would allocate whatever size it declares).
   std::string deflated = bytes;
   const size_t entry = deflated.find("PK\x01\x02");
   REQUIRE(entry != std::string::npos);
