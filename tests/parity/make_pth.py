@@ -19,13 +19,12 @@ Writes into --out:
   evil.pth                a dict whose entry unpickles by calling os.system('touch MARKER')
                           with Python's pickle; the reader must refuse it without running it
 
-Depends only on torch, torchvision, json and struct. Exits 0, or 2 when torch is missing.
+Depends on torch, torchvision and torchvision_parity.py (its safetensors writer). Exits 0, or 2
+when torch is missing.
 """
 import argparse
 import copy
-import json
 import os
-import struct
 import sys
 
 try:
@@ -36,24 +35,7 @@ except ImportError as e:  # pragma: no cover
           f"(python3-torch python3-torchvision)", file=sys.stderr)
     sys.exit(2)
 
-NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-         torch.float64: "F64", torch.int64: "I64", torch.bool: "BOOL"}
-
-
-def write_safetensors(path, tensors):
-    header, chunks, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().cpu().contiguous()
-        raw = t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 \
-            else t.numpy().tobytes()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode("utf-8")
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+from torchvision_parity import write_safetensors  # noqa: E402  (the same directory)
 
 
 def calibrated(arch, seed):
