@@ -370,6 +370,49 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   CHECK_THAT(data_error_of([&] { decode_pth(twice, "twice.pth"); }),
              Contains("twice.pth") && Contains("'archive/data/0' appears twice"));
 
+  // Central-directory entries of the storage records, to patch their CRC and sizes.
+  const auto entry_of = [](const std::string& zip, const std::string& name) {
+    for (size_t p = zip.find("PK\x01\x02"); p != std::string::npos;
+         p = zip.find("PK\x01\x02", p + 1)) {
+      const size_t len = static_cast<unsigned char>(zip[p + 28]) |
+                         (static_cast<size_t>(static_cast<unsigned char>(zip[p + 29])) << 8);
+      if (zip.compare(p + 46, len, name) == 0) return p;
+    }
+    FAIL("no directory entry " << name);
+    return std::string::npos;
+  };
+  const auto put32 = [](std::string& zip, size_t at, uint64_t v) {
+    for (int k = 0; k < 4; ++k) zip[at + k] = static_cast<char>((v >> (8 * k)) & 0xff);
+  };
+  const auto data_start = [](const std::string& zip, size_t entry) {
+    const auto u16 = [&](size_t at) {
+      return static_cast<size_t>(static_cast<unsigned char>(zip[at])) |
+             (static_cast<size_t>(static_cast<unsigned char>(zip[at + 1])) << 8);
+    };
+    const size_t local = u16(entry + 42) | (u16(entry + 44) << 16);
+    return local + 30 + u16(local + 26) + u16(local + 28);
+  };
+
+  // A stored CRC of 0 is "not computed" (PyTorch >= 2.5, set_crc32_options(False)), not damage.
+  std::string uncrc = bytes;
+  put32(uncrc, entry_of(uncrc, "archive/data/0") + 16, 0);
+  const StateDict uncrc_sd = decode_pth(uncrc, "nocrc.pth");
+  REQUIRE(uncrc_sd.size() == 2);
+  CHECK(torch::equal(uncrc_sd[0].second, sd[0].second));
+
+  // Records whose ranges overlap (each runs to the end of the file): the CRC work they could ask
+  // for is bounded by the file's size.
+  std::string overlapping = bytes;
+  for (const char* name : {"archive/data/0", "archive/data/1"}) {
+    const size_t e = entry_of(overlapping, name);
+    const size_t size = overlapping.size() - data_start(overlapping, e);
+    put32(overlapping, e + 16, 0);
+    put32(overlapping, e + 20, size);
+    put32(overlapping, e + 24, size);
+  }
+  CHECK_THAT(data_error_of([&] { decode_pth(overlapping, "overlap.pth"); }),
+             Contains("overlap.pth") && Contains("overlaps others"));
+
   // A member marked deflated (a reader that inflated it would allocate whatever size it declares).
   std::string deflated = bytes;
   const size_t entry = deflated.find("PK\x01\x02");
