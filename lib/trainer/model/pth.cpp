@@ -826,8 +826,8 @@ StateDict decode_legacy(const std::string& bytes, const std::string& origin) {
 // ---- The zip container -------------------------------------------------------------------------
 // torch.save's zip (PyTorch >= 1.6) is read here, not through LibTorch's PyTorchStreamReader:
 // that reader throws from its constructor on malformed archives after miniz has allocated its
-// state, which is then never freed (two fuzz findings: no version record, and a directory miniz
-// reads as empty where the zip64 record says otherwise), parses the version with a throwing
+// state, which is then never freed (two fuzz findings: no version record, and a zip64 end record
+// that says the directory is empty), parses the version with a throwing
 // std::stoull, has miniz's CRC checks off, and copies every record. torch.save stores its
 // records uncompressed, so reading them is bounds checks over the file's bytes: one parse of the
 // central directory, each record found through it, bounded by the file, its local header
