@@ -16,7 +16,7 @@
 # Run as root from anywhere:  bash scripts/docker-check.sh
 # Environment: TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
 # host-side data/job dirs (printed). Exits non-zero, naming the failed step, on any failure.
-# Time on 2 cores: ~50 min cold (base image, apt in both stages, the build), ~15-20 min after a
+# Time on 2 cores: 20-50 min cold (base image, apt in both stages, the build), ~15-20 min after a
 # source change (cached apt layers), ~2 min with nothing changed. buildah's vfs storage takes
 # ~16 GB under /var/lib/containers/storage (`buildah --storage-driver vfs rmi --all` frees it).
 set -euo pipefail
