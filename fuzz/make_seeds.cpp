@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     };
     std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
     legacy += std::string("\x80\x02M\xe9\x03.", 6);  // protocol version 1001
-    legacy += std::string("\x80\x02}.", 4);            // sys_info: {}
+    legacy += std::string("\x80\x02}.", 4);          // sys_info: {}
     legacy += record("data.pkl");
     std::vector<std::string> keys;
     for (size_t k = 0; reader.hasRecord("data/" + std::to_string(k)); ++k) {

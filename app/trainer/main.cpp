@@ -168,8 +168,7 @@ int run(int argc, char** argv) {
       "convert", "Write a torch.save state dict (.pth, e.g. torchvision's) as .safetensors");
   convert_cmd->add_option("IN", convert_opts.input, "A .pth (torch.save) or .safetensors file")
       ->required();
-  convert_cmd->add_option("OUT", convert_opts.output, "The .safetensors file to write")
-      ->required();
+  convert_cmd->add_option("OUT", convert_opts.output, "The .safetensors file to write")->required();
   convert_cmd->add_flag("--overwrite", convert_opts.overwrite, "Replace OUT if it exists");
   convert_cmd->footer(
       "Example: trainer convert resnet50-11ad3fa6.pth resnet50.safetensors\n"

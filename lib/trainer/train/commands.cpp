@@ -394,9 +394,9 @@ int run_convert(const ConvertOptions& options, std::ostream& out) {
   const model::StateDict tensors = model::load_weights(input);
   int64_t elements = 0;
   for (const auto& entry : tensors) elements += entry.second.numel();
-  model::save_safetensors(output, tensors,
-                          {{"format", "pt"},
-                           {"source", std::filesystem::path(options.input).filename().string()}});
+  model::save_safetensors(
+      output, tensors,
+      {{"format", "pt"}, {"source", std::filesystem::path(options.input).filename().string()}});
   out << nlohmann::json{{"input", options.input},
                         {"output", options.output},
                         {"tensors", tensors.size()},

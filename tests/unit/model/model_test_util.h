@@ -4,8 +4,8 @@
 
 #include "common/temp_dir.h"
 
-#include <torch/torch.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
