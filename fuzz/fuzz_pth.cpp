@@ -1,6 +1,6 @@
-// torch.save files (model.pretrained, `trainer convert`): the zip container through LibTorch's
-// reader and our central-directory CRC check, the legacy stream, and the restricted unpickler
-// in both; the state dict is then loaded into a small module as model.pretrained loads one.
+// torch.save files (model.pretrained, `trainer convert`): the zip container (our reader of its
+// central directory and stored, CRC-checked records), the legacy stream, and the restricted
+// unpickler in both; the state dict is then loaded into a small module as model.pretrained does.
 #include <torch/torch.h>
 
 #include "fuzz_common.h"

@@ -28,6 +28,16 @@ namespace {
   throw DataError("'" + origin + "': " + what);
 }
 
+// The n-byte little-endian unsigned integer at bytes[pos] (the caller has bounded pos + n).
+uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) {
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + static_cast<uint64_t>(k)]))
+         << (8 * k);
+  }
+  return v;
+}
+
 // ---- Values of the restricted unpickler --------------------------------------------------------
 
 struct Value;
@@ -332,10 +342,8 @@ class Unpickler {
   }
 
   uint64_t le(size_t n) {
-    const auto* p = reinterpret_cast<const unsigned char*>(take(n));
-    uint64_t v = 0;
-    for (size_t k = 0; k < n; ++k) v |= static_cast<uint64_t>(p[k]) << (8 * k);
-    return v;
+    take(n);
+    return le_at(bytes_, pos_ - n, static_cast<int>(n));
   }
 
   std::string line(size_t at) {
@@ -660,7 +668,7 @@ class Materialiser {
                            std::to_string(st.numel) + ":" + c10::toString(st.dtype);
     const auto cached = flats_.find(id);
     if (cached != flats_.end()) return cached->second;
-    const auto [data, length] = get_(st.key);
+    const auto [data, length] = bytes_of(st.key);
     const uint64_t item = c10::elementSize(st.dtype);
     uint64_t need = 0;
     if (__builtin_add_overflow(static_cast<uint64_t>(st.offset), static_cast<uint64_t>(st.numel),
@@ -697,10 +705,19 @@ class Materialiser {
     return flats_.emplace(id, std::move(flat)).first->second;
   }
 
+  // A root storage's bytes, asked of get_ once per key (the zip checks a record's CRC-32 then),
+  // however many views of it the tensors take.
+  std::pair<const char*, size_t> bytes_of(const std::string& key) {
+    const auto known = raw_.find(key);
+    if (known != raw_.end()) return known->second;
+    return raw_.emplace(key, get_(key)).first->second;
+  }
+
   StorageBytes get_;
   uint64_t budget_;
   std::string origin_;
-  std::unordered_map<std::string, torch::Tensor> flats_;
+  std::unordered_map<std::string, std::pair<const char*, size_t>> raw_;  // key -> its bytes
+  std::unordered_map<std::string, torch::Tensor> flats_;                 // one per view
 };
 
 bool all_tensors(const Value& dict) {
@@ -798,10 +815,7 @@ StateDict decode_legacy(const std::string& bytes, const std::string& origin) {
       bad(origin, "storage '" + key->s + "' is listed but no tensor refers to it");
     }
     if (bytes.size() - pos < 8) bad(origin, "truncated before storage '" + key->s + "'");
-    uint64_t numel = 0;
-    for (int k = 0; k < 8; ++k) {
-      numel |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + k])) << (8 * k);
-    }
+    const uint64_t numel = le_at(bytes, pos, 8);
     pos += 8;
     uint64_t length = 0;
     if (__builtin_mul_overflow(numel, c10::elementSize(type->second), &length) ||
@@ -832,15 +846,6 @@ StateDict decode_legacy(const std::string& bytes, const std::string& origin) {
 // records uncompressed, so reading them is bounds checks over the file's bytes: one parse of the
 // central directory, each record found through it, bounded by the file, its local header
 // checked, its CRC-32 verified, and its bytes used where they lie.
-
-uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
-  uint64_t v = 0;
-  for (int k = 0; k < n; ++k) {
-    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + static_cast<uint64_t>(k)]))
-         << (8 * k);
-  }
-  return v;
-}
 
 struct Member {
   uint32_t crc = 0;
@@ -1046,17 +1051,14 @@ StateDict decode_zip(const std::string& bytes, const std::string& origin) {
   const std::string pickle(pkl, pkl_size);
   size_t pos = 0;
   const ValuePtr root = unpickle(pickle, pos, origin);
-  std::unordered_map<std::string, std::pair<const char*, size_t>> checked;  // CRC once each
   return to_state_dict(
       *root,
-      [&](const std::string& key) -> std::pair<const char*, size_t> {
-        const auto done = checked.find(key);
-        if (done != checked.end()) return done->second;
+      [&](const std::string& key) {
         const std::string name = "data/" + key;
         if (key.find('/') != std::string::npos || !zip.has(name)) {
           bad(origin, "storage record '" + name + "' is missing");
         }
-        return checked.emplace(key, zip.record(name)).first->second;
+        return zip.record(name);
       },
       bytes.size(), origin);
 }

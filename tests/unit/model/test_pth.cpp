@@ -134,6 +134,19 @@ TEST_CASE("every torch.save flavour of a state dict reads the same, and other pi
 namespace {
 
 // A pickle (protocol 2) written opcode by opcode.
+// The n-byte little-endian form of v, and the n-byte little-endian integer at bytes[at].
+std::string le_bytes(uint64_t v, int n) {
+  std::string out;
+  for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xff);
+  return out;
+}
+uint64_t le_value(const std::string& bytes, size_t at, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + k])) << (8 * k);
+  return v;
+}
+
 struct Pickle {
   std::string b = "\x80\x02";
   Pickle& op(char c) {
@@ -144,10 +157,7 @@ struct Pickle {
     b += s;
     return *this;
   }
-  Pickle& le(uint64_t v, int n) {
-    for (int k = 0; k < n; ++k) b += static_cast<char>((v >> (8 * k)) & 0xff);
-    return *this;
-  }
+  Pickle& le(uint64_t v, int n) { return raw(le_bytes(v, n)); }
   Pickle& str(const std::string& s) { return op('X').le(s.size(), 4).raw(s); }
   Pickle& i(int32_t v) { return op('J').le(static_cast<uint32_t>(v), 4); }
   Pickle& global(const std::string& module, const std::string& name) {
@@ -189,7 +199,7 @@ std::string legacy(const std::string& object,
   for (const auto& s : storages) keys.str(s.first);
   out += keys.op('e').done();
   for (const auto& [key, values] : storages) {
-    out += Pickle().le(values.size(), 8).b.substr(2);
+    out += le_bytes(values.size(), 8);
     out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   }
   return out;
@@ -348,14 +358,10 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
     REQUIRE(bytes.size() > 22);
     const size_t eocd = bytes.size() - 22;
     REQUIRE(bytes.compare(eocd, 4, "PK\x05\x06", 4) == 0);
-    const auto le = [](uint64_t v, int n) {
-      std::string out;
-      for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xff);
-      return out;
-    };
-    const std::string zip64 = "PK\x06\x06" + le(44, 8) + le(45, 2) + le(45, 2) + le(0, 4) +
-                              le(0, 4) + le(0, 8) + le(0, 8) + le(0, 8) + le(eocd, 8);
-    const std::string locator = "PK\x06\x07" + le(0, 4) + le(eocd, 8) + le(1, 4);
+    const std::string zip64 = "PK\x06\x06" + le_bytes(44, 8) + le_bytes(45, 2) + le_bytes(45, 2) +
+                              le_bytes(0, 4) + le_bytes(0, 4) + le_bytes(0, 8) + le_bytes(0, 8) +
+                              le_bytes(0, 8) + le_bytes(eocd, 8);
+    const std::string locator = "PK\x06\x07" + le_bytes(0, 4) + le_bytes(eocd, 8) + le_bytes(1, 4);
     const std::string emptied = bytes.substr(0, eocd) + zip64 + locator + bytes.substr(eocd);
     CHECK_THAT(data_error_of([&] { decode_pth(emptied, "emptied.pth"); }),
                Contains("emptied.pth") && Contains("no members"));
@@ -374,23 +380,17 @@ TEST_CASE("LibTorch's torch::pickle_save output reads, and a damaged archive fai
   const auto entry_of = [](const std::string& zip, const std::string& name) {
     for (size_t p = zip.find("PK\x01\x02"); p != std::string::npos;
          p = zip.find("PK\x01\x02", p + 1)) {
-      const size_t len = static_cast<unsigned char>(zip[p + 28]) |
-                         (static_cast<size_t>(static_cast<unsigned char>(zip[p + 29])) << 8);
-      if (zip.compare(p + 46, len, name) == 0) return p;
+      if (zip.compare(p + 46, le_value(zip, p + 28, 2), name) == 0) return p;
     }
     FAIL("no directory entry " << name);
     return std::string::npos;
   };
   const auto put32 = [](std::string& zip, size_t at, uint64_t v) {
-    for (int k = 0; k < 4; ++k) zip[at + k] = static_cast<char>((v >> (8 * k)) & 0xff);
+    zip.replace(at, 4, le_bytes(v, 4));
   };
   const auto data_start = [](const std::string& zip, size_t entry) {
-    const auto u16 = [&](size_t at) {
-      return static_cast<size_t>(static_cast<unsigned char>(zip[at])) |
-             (static_cast<size_t>(static_cast<unsigned char>(zip[at + 1])) << 8);
-    };
-    const size_t local = u16(entry + 42) | (u16(entry + 44) << 16);
-    return local + 30 + u16(local + 26) + u16(local + 28);
+    const size_t local = le_value(zip, entry + 42, 4);
+    return local + 30 + le_value(zip, local + 26, 2) + le_value(zip, local + 28, 2);
   };
 
   // A stored CRC of 0 is "not computed" (PyTorch >= 2.5, set_crc32_options(False)), not damage.
