@@ -21,6 +21,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <exception>
+#include <vector>
+
 #include "trainer/util/torch_compat.h"
 
 namespace trainer::dist::compat {
@@ -37,5 +40,40 @@ using Backend = c10d::ProcessGroup;
 // c10d::Work is the handle type of both 1.13 and 2.x (1.12 and older: ProcessGroup::Work, not
 // supported).
 using Work = c10d::Work;
+
+#ifdef TRAINER_WITH_CUDA
+// Aborts NCCL's communicators so that no kernel or host thread stays blocked on a lost peer:
+// ProcessGroupNCCL::abort() from LibTorch 2.4 on; before, each in-flight work's abort() (which
+// aborts the communicators it used). Never throws.
+inline void abort_nccl(Backend& nccl, const std::vector<c10::intrusive_ptr<Work>>& in_flight) {
+  try {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+    (void)in_flight;
+    static_cast<c10d::ProcessGroupNCCL&>(nccl).abort();
+#else
+    (void)nccl;
+    for (const auto& w : in_flight) {
+      if (!w->isCompleted()) w->abort();
+    }
+#endif
+  } catch (const std::exception&) {
+    // Already aborted, or nothing left to abort.
+  }
+}
+
+// Destroys NCCL's communicators before the group is released: ProcessGroupNCCL::shutdown()
+// from LibTorch 2.4 on (it warns at exit without); before, the destructor does it. Never throws.
+inline void shutdown_nccl(Backend& nccl) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  try {
+    static_cast<c10d::ProcessGroupNCCL&>(nccl).shutdown();
+  } catch (const std::exception&) {
+    // Already shut down or aborted.
+  }
+#else
+  (void)nccl;
+#endif
+}
+#endif
 
 }  // namespace trainer::dist::compat

@@ -5,7 +5,11 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 
+#include <spdlog/spdlog.h>
+
+#include "trainer/util/device.h"
 #include "trainer/util/error.h"
 
 namespace trainer::dist {
@@ -59,6 +63,16 @@ struct GradientSync::State {
   std::mutex mutex;
   std::exception_ptr error;  // a failure inside a hook, rethrown by finish()
   GradSyncStats stats;
+
+  // On a GPU finish() reads nothing from the device: the buckets' used flags and the stop vote
+  // are copied to pinned host memory without waiting and read at the next finish() (after that
+  // step's backward has been queued, so the GPU never idles for it). Every rank reads the same
+  // step's values, so the stop lands on the same step everywhere, one step later than on the CPU.
+  bool on_device = false;
+  torch::Tensor late_host;           // [flags of every bucket | vote], float, pinned
+  std::function<bool()> late_ready;  // whether the copy into late_host has completed
+  bool warned_unused = false;
+  int read_late();  // the previous step's stop votes; checks its flags
 
   void build();
   void on_grad(size_t slot, const torch::Tensor& grad);
@@ -211,6 +225,23 @@ void GradientSync::State::launch(size_t index, bool from_hook) {
   if (from_hook) ++launched_in_backward;
 }
 
+int GradientSync::State::read_late() {
+  if (!late_ready) return 0;
+  while (!late_ready()) std::this_thread::yield();  // queued a step ago: done or nearly
+  late_ready = nullptr;
+  const float* v = late_host.data_ptr<float>();
+  const int64_t n = late_host.numel() - 1;
+  for (int64_t i = 0; i < n && !warned_unused; ++i) {
+    if (v[i] > 0) continue;
+    warned_unused = true;
+    spdlog::warn(
+        "GradientSync: a trainable parameter got no gradient on any replica in a step; on a GPU "
+        "it was given a zero gradient (the trainer does not wait for the device to find out, as "
+        "DDP's find_unused_parameters=False), where on the CPU it keeps none");
+  }
+  return static_cast<int>(v[n] + 0.5f);
+}
+
 void GradientSync::State::reset() {
   for (auto& s : slots) s.ready = false;
   for (auto& b : buckets) {
@@ -241,8 +272,9 @@ GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> param
     s.input_index = i;
     state_->slots.push_back(std::move(s));
   }
-  if (group.world_size() == 1) return;
+  if (!group.communicates()) return;
   state_->build();
+  state_->on_device = !state_->buckets.empty() && state_->buckets.front().flat.is_cuda();
   State* state = state_.get();
   for (size_t k = 0; k < state_->slots.size(); ++k) {
     auto& s = state_->slots[k];
@@ -252,7 +284,7 @@ GradientSync::GradientSync(ProcessGroup& group, std::vector<torch::Tensor> param
 }
 
 GradientSync::~GradientSync() {
-  if (state_->group.world_size() == 1) return;
+  if (!state_->group.communicates()) return;
   for (auto& s : state_->slots) {
     try {
       s.param.remove_hook(s.hook);
@@ -264,7 +296,7 @@ GradientSync::~GradientSync() {
 
 void GradientSync::finish() {
   State& st = *state_;
-  if (st.group.world_size() == 1) return;
+  if (!st.group.communicates()) return;
   const auto start = Clock::now();
   std::lock_guard<std::mutex> lock(st.mutex);
   GradSyncStats stats;
@@ -289,9 +321,22 @@ void GradientSync::finish() {
 
     torch::NoGradGuard no_grad;
     const double world = static_cast<double>(st.group.world_size());
+    if (st.on_device) {
+      stats.stop_votes = st.read_late();
+      std::vector<torch::Tensor> late;
+      for (auto& b : st.buckets) late.push_back(b.flags.to(torch::kFloat));
+      late.push_back(st.buckets.back().vote.to(torch::kFloat));
+      const torch::Tensor device_late = torch::cat(late);
+      st.late_host = torch::empty(device_late.sizes(),
+                                  torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+      st.late_host.copy_(device_late, /*non_blocking=*/true);
+      st.late_ready = util::device_ready_probe(device_late.device());
+    }
     for (auto& b : st.buckets) {
       stats.bytes += b.flat.numel() * static_cast<int64_t>(b.flat.element_size());
-      if (b.vote.defined()) stats.stop_votes = static_cast<int>(b.vote.item<double>() + 0.5);
+      if (b.vote.defined() && !st.on_device) {
+        stats.stop_votes = static_cast<int>(b.vote.item<double>() + 0.5);
+      }
       b.flat.div_(world);
       if (b.riders.defined()) {
         int64_t at = 0;
@@ -300,10 +345,12 @@ void GradientSync::finish() {
           at += t.numel();
         }
       }
-      const auto used = (b.flags > 0).to(torch::kCPU);
-      const bool* u = used.data_ptr<bool>();
+      // On the CPU, a parameter no rank produced a gradient for keeps its .grad as it is; on a
+      // GPU every one gets the bucket's (read_late checks the flags a step later).
+      torch::Tensor used;
+      if (!st.on_device) used = (b.flags > 0).to(torch::kCPU);
       for (size_t k = 0; k < b.slots.size(); ++k) {
-        if (!u[k]) continue;  // no rank produced a gradient: leave .grad as it is
+        if (used.defined() && !used.data_ptr<bool>()[k]) continue;
         auto& p = st.slots[b.slots[k]].param;
         const auto& s = st.slots[b.slots[k]];
         if (s.view.scalar_type() == p.scalar_type() && s.view.strides() == p.strides()) {

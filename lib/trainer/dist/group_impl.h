@@ -8,6 +8,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,17 +33,24 @@ std::string plain_message(const std::exception& e);      // one line, no C++ bac
 // Set by the chief in the rendezvous store once every rank has joined (so it exists afterwards).
 inline constexpr const char* kReadyKey = "trainer/ready";
 
+// The timeout of the control connection (heartbeats, failure reports): the longest a failure path
+// waits on the store, so that a chief whose host vanished cannot hold a rank on its way out.
+inline constexpr std::chrono::milliseconds kControlTimeout{5000};
+
 }  // namespace detail
 
 struct ProcessGroup::Impl {
   DistOptions opts;
   std::string backend_name;
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;     // rendezvous; Gloo's and NCCL's set-up use it
+  c10::intrusive_ptr<c10d::Store> control;   // a second connection to the same store, with
+                                             // kControlTimeout: heartbeats and failure reports
+                                             // (never changes `store`'s timeout)
   c10::intrusive_ptr<compat::Backend> cpu;   // Gloo: CPU tensors and every small collective
   c10::intrusive_ptr<compat::Backend> cuda;  // NCCL for CUDA tensors; null = Gloo carries them
 
   std::mutex mutex;        // serialises launches: c10d numbers collectives by call order
-  std::mutex store_mutex;  // serialises the failure reports' use of `store`
+  std::mutex store_mutex;  // serialises the use of `control`
   std::string failure;     // the first failure; once set, every call is refused
   std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
 
@@ -66,7 +75,7 @@ struct ProcessGroup::Impl {
   explicit Impl(const DistOptions& o);
   ~Impl();
 
-  bool local() const { return opts.world_size == 1; }
+  bool local() const { return backend_name == "local"; }
   bool on_gloo(const torch::Tensor& t) const { return !(t.is_cuda() && cuda); }
   compat::Backend& backend_for(const torch::Tensor& t) { return on_gloo(t) ? *cpu : *cuda; }
   std::string who() const;  // "rank 1 of 3 (gloo)"
@@ -80,22 +89,37 @@ struct ProcessGroup::Impl {
   // The failure another rank published (leave_after_failure), as the PeerFailed to throw here;
   // nullopt when none was published or the store cannot be reached. Never throws.
   std::optional<PeerFailed> peer_failure();
-  // Bounds every store call of the failure paths to kFailureStoreTimeout, so that a chief whose
-  // host vanished (no connection reset) cannot hold a rank on its way out; restores the store's
-  // timeout on destruction. Hold store_mutex while it lives.
-  struct FailureStoreTimeout {
-    explicit FailureStoreTimeout(c10d::Store& store);
-    ~FailureStoreTimeout();
-    c10d::Store& store;
-    std::chrono::milliseconds saved;
-  };
 
   // Starts a collective: f() returns the c10d work. Refused once the group has failed.
   template <class Launch>
   c10::intrusive_ptr<compat::Work> launch(const std::string& what, Launch&& f);
-  // Blocks until `work` is done; throws as fail() does. Gloo work is waited for in slices, so
-  // that a stop signal is noticed (see process_group.h).
+  // Completes `work`; throws as fail() does. Gloo work is waited for on the host through poll();
+  // NCCL work only makes the current CUDA stream wait for it (the host goes on: a GPU step never
+  // waits for the host), and a failure or hang shows in the next wait_device().
   void wait(const std::string& what, const c10::intrusive_ptr<compat::Work>& work, bool on_gloo);
+
+  // The one polling wait, for every backend: returns once ready() is true (asked with a backoff
+  // from 50 us up to `max_sleep`, or at once when `wake` is notified); every kWaitSlice it checks
+  // for a stop signal (kStopGrace after one: Interrupted), every kPeerPoll for a failure another
+  // rank published (PeerFailed) and for an NCCL collective that failed; returns false once
+  // `limit` has passed without ready(). Before throwing, NCCL's communicators are aborted.
+  struct Wake {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  bool poll(const std::string& what, const std::function<bool()>& ready,
+            std::chrono::milliseconds limit, std::chrono::microseconds max_sleep,
+            const std::shared_ptr<Wake>& wake);
+  // Waits (poll) until the device has done what `ready` stands for, for at most
+  // distributed.timeout_s, then aborts NCCL and throws the timeout naming the silent tasks.
+  void wait_device(const std::string& what, const std::function<bool()>& ready);
+  // Aborts the NCCL communicators (their kernels return, the collectives fail) so that nothing
+  // stays blocked on a peer that is gone; a no-op without NCCL. Never throws.
+  void abort_cuda() noexcept;
+  // Rethrows the failure of an NCCL collective in flight that has completed with one.
+  void check_cuda_failures();
+  void check_cuda_failures_or_fail(const std::string& what);  // as fail() does
 
   // rendezvous.cpp
   void rendezvous();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -63,7 +64,6 @@ constexpr int64_t kChunkBytes = int64_t{64} << 20;  // flat buffers of all_reduc
 constexpr milliseconds kWaitSlice{200};             // how often a waiting rank checks signals
 constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, then give up
 constexpr milliseconds kPeerPoll{1000};  // how often a waiting rank looks for a peer's failure
-constexpr milliseconds kFailureStoreTimeout{5000};  // the longest a failure path waits on the store
 
 // Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
 constexpr milliseconds kHeartbeat{1000};         // how often a rank counts up its heartbeat
@@ -151,7 +151,13 @@ void validate(const DistOptions& o) {
     throw ConfigError("distributed.rendezvous_timeout_s: expected a number of seconds > 0, got " +
                       seconds_text(o.rendezvous_timeout_s));
   }
-  if (o.world_size > 1) {
+  if (o.world_size == 1 && o.backend == "nccl" && o.chief_host.empty()) {
+    throw ConfigError(
+        "distributed.backend: nccl with one process still opens an NCCL group, which meets "
+        "through a store at the chief's address: give the process one in TF_CONFIG (one worker, "
+        "e.g. localhost:2222), or use auto, which needs no group for one process");
+  }
+  if (o.world_size > 1 || o.backend == "nccl") {
     if (o.chief_host.empty()) {
       throw ConfigError("distributed: the chief's host is empty (TF_CONFIG's chief address)");
     }
@@ -163,7 +169,9 @@ void validate(const DistOptions& o) {
 }
 
 std::string resolve_backend(const DistOptions& o) {
-  if (o.world_size == 1) return "local";
+  // One process is its own group, unless NCCL is asked for by name: a one-rank NCCL group
+  // (the only NCCL group one GPU can hold) exercises the NCCL path.
+  if (o.world_size == 1 && o.backend != "nccl") return "local";
   if (o.backend == "auto") {
 #ifdef TRAINER_WITH_CUDA
     return o.use_cuda ? "nccl" : "gloo";
@@ -191,8 +199,15 @@ ProcessGroup::Impl::~Impl() {
     for (auto& w : in_flight) util::leak_on_purpose(w.release());
     util::leak_on_purpose(cuda.release());
     util::leak_on_purpose(cpu.release());
+    util::leak_on_purpose(control.release());
     util::leak_on_purpose(store.release());
+    return;
   }
+#ifdef TRAINER_WITH_CUDA
+  // NCCL's communicators are destroyed explicitly before the group goes (LibTorch 2.4+ warns
+  // at exit otherwise).
+  if (cuda) compat::shutdown_nccl(*cuda);
+#endif
 }
 
 std::string ProcessGroup::Impl::task(int rank) const {
@@ -201,7 +216,7 @@ std::string ProcessGroup::Impl::task(int rank) const {
 }
 
 void ProcessGroup::Impl::start_heartbeat() {
-  if (local() || !store) return;
+  if (local() || !control) return;
   const auto now = Clock::now();
   beats.assign(opts.world_size, -1);
   heard.assign(opts.world_size, now);
@@ -231,9 +246,8 @@ void ProcessGroup::Impl::beat() {
   std::vector<int64_t> counts(opts.world_size, -1);
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
-    const FailureStoreTimeout bounded(*store);
     for (int r = 0; r < opts.world_size; ++r) {
-      counts[r] = store->add(alive_key(r), r == opts.rank ? 1 : 0);
+      counts[r] = control->add(alive_key(r), r == opts.rank ? 1 : 0);
     }
   } catch (const std::exception& e) {
     spdlog::debug("heartbeat: the rendezvous store does not answer: {}", plain_message(e));
@@ -293,26 +307,15 @@ void ProcessGroup::Impl::raise(const std::string& message) {
   throw DistributedError(message);
 }
 
-// c10d's TCPStore applies its timeout to the client socket (SO_RCVTIMEO) on each get(); a get of
-// a key that exists sets it to the short one at the cost of one round trip.
-ProcessGroup::Impl::FailureStoreTimeout::FailureStoreTimeout(c10d::Store& s)
-    : store(s), saved(s.getTimeout()) {
-  store.setTimeout(kFailureStoreTimeout);
-  store.get(detail::kReadyKey);
-}
-
-ProcessGroup::Impl::FailureStoreTimeout::~FailureStoreTimeout() { store.setTimeout(saved); }
-
 std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
-  if (local() || !store) return std::nullopt;
+  if (local() || !control) return std::nullopt;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
-    const FailureStoreTimeout bounded(*store);
-    if (!store->check({kFailedKey})) return std::nullopt;
-    const int rank = std::stoi(string_of(store->get(kFailedKey)));
-    if (rank == opts.rank || !store->check({failure_key(rank)})) return std::nullopt;
+    if (!control->check({kFailedKey})) return std::nullopt;
+    const int rank = std::stoi(string_of(control->get(kFailedKey)));
+    if (rank == opts.rank || !control->check({failure_key(rank)})) return std::nullopt;
     // "<kind>\n<task>\n<message>"
-    const std::string record = string_of(store->get(failure_key(rank)));
+    const std::string record = string_of(control->get(failure_key(rank)));
     const size_t a = record.find('\n');
     const size_t b = a == std::string::npos ? a : record.find('\n', a + 1);
     if (b == std::string::npos) return std::nullopt;
@@ -332,17 +335,16 @@ std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
 
 void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine, double grace_s) {
   Impl& s = *impl_;
-  if (s.local() || !s.store) return;
+  if (s.local() || !s.control) return;
   try {
     std::lock_guard<std::mutex> lock(s.store_mutex);
-    const Impl::FailureStoreTimeout bounded(*s.store);
     if (mine) {
       const std::string record =
           std::to_string(static_cast<int>(mine->kind)) + "\n" + mine->task + "\n" + mine->message;
-      s.store->set(failure_key(s.opts.rank), bytes_of(record));
-      s.store->set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
+      s.control->set(failure_key(s.opts.rank), bytes_of(record));
+      s.control->set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
     }
-    s.store->set(left_key(s.opts.rank), bytes_of("1"));
+    s.control->set(left_key(s.opts.rank), bytes_of("1"));
   } catch (const std::exception& e) {
     spdlog::debug("could not report the failure to the other tasks: {}", plain_message(e));
     return;
@@ -360,8 +362,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
     if (others.empty()) return;
     try {
       std::lock_guard<std::mutex> lock(s.store_mutex);
-      const Impl::FailureStoreTimeout bounded(*s.store);
-      if (s.store->check(others)) return;
+      if (s.control->check(others)) return;
     } catch (const std::exception&) {
       return;
     }
@@ -408,63 +409,140 @@ void ProcessGroup::Impl::check_usable_locked(const std::string& what) const {
   }
 }
 
+bool ProcessGroup::Impl::poll(const std::string& what, const std::function<bool()>& ready,
+                              milliseconds limit, std::chrono::microseconds max_sleep,
+                              const std::shared_ptr<Wake>& wake) {
+  const auto start = Clock::now();
+  auto next_poll = start + kPeerPoll;
+  auto next_slice = start + kWaitSlice;
+  std::optional<Clock::time_point> stop_seen;
+  std::chrono::microseconds sleep{50};
+  while (!ready()) {
+    {
+      std::unique_lock<std::mutex> lock(wake->m);
+      wake->cv.wait_for(lock, sleep, [&] { return wake->done; });
+    }
+    sleep = std::min(max_sleep, sleep * 2);
+    const auto now = Clock::now();
+    if (now < next_slice && now < next_poll) continue;
+    next_slice = now + kWaitSlice;
+    if (ready()) break;
+    if (now >= next_poll) {  // a peer that failed and said so will never join this collective
+      next_poll = now + kPeerPoll;
+      if (auto peer = peer_failure()) {
+        abort_cuda();
+        record_failure(peer->what());
+        throw PeerFailed(*peer);
+      }
+      try {
+        check_cuda_failures();
+      } catch (const std::exception& e) {
+        abort_cuda();
+        fail(what, e);
+      }
+    }
+    if (util::stop_requested()) {
+      if (!stop_seen) stop_seen = now;
+      if (now - *stop_seen >= kStopGrace) {
+        abort_cuda();
+        const std::string message = what + " on " + who() +
+                                    ": abandoned after a stop signal (the peers did not "
+                                    "complete it within " +
+                                    std::to_string(kStopGrace.count()) + " s)";
+        record_failure(message);
+        raise(message);
+      }
+    }
+    if (now - start >= limit) return false;
+  }
+  return true;
+}
+
 // When the collective has not completed kStopGrace after a stop signal, the peers have stopped
 // too (or are gone), and waiting on would only delay the exit.
 void ProcessGroup::Impl::wait(const std::string& what, const c10::intrusive_ptr<compat::Work>& work,
                               bool on_gloo) {
-  // Gloo and NCCL (blocking wait) enforce timeout_s themselves; this is only a safety net.
-  auto net = detail::to_ms(2 * opts.timeout_s + 60);
-  auto future = on_gloo ? work->getFuture() : c10::intrusive_ptr<c10::ivalue::Future>();
-  if (future) {
-    struct Done {
-      std::mutex m;
-      std::condition_variable cv;
-      bool done = false;
-    };
-    auto done = std::make_shared<Done>();
-    future->addCallback([done](c10::ivalue::Future&) {
-      std::lock_guard<std::mutex> lock(done->m);
-      done->done = true;
-      done->cv.notify_all();
-    });
-    const auto give_up = Clock::now() + net;
-    auto next_poll = Clock::now() + kPeerPoll;
-    std::optional<Clock::time_point> stop_seen;
-    std::unique_lock<std::mutex> lock(done->m);
-    while (!done->cv.wait_for(lock, kWaitSlice, [&] { return done->done; })) {
-      const auto now = Clock::now();
-      if (now >= next_poll) {  // a peer that failed and said so will never join this collective
-        next_poll = now + kPeerPoll;
-        lock.unlock();
-        if (auto peer = peer_failure()) {
-          record_failure(peer->what());
-          throw PeerFailed(*peer);
-        }
-        lock.lock();
-        if (done->done) break;
-      }
-      if (util::stop_requested()) {
-        if (!stop_seen) stop_seen = now;
-        if (now - *stop_seen >= kStopGrace) {
-          lock.unlock();
-          const std::string message = what + " on " + who() +
-                                      ": abandoned after a stop signal (the peers did not "
-                                      "complete it within " +
-                                      std::to_string(kStopGrace.count()) + " s)";
-          record_failure(message);
-          raise(message);
-        }
-      }
-      if (now >= give_up) break;
+  if (!on_gloo) {
+    // NCCL without blocking wait: the current stream waits for the collective's stream; the
+    // host does not. Throws only for a failure NCCL already knows of.
+    try {
+      check_cuda_failures();
+      work->wait();
+    } catch (const std::exception& e) {
+      abort_cuda();
+      fail(what, e);
     }
-    // Done: wait() returns at once or rethrows the failure. Not done: report the timeout.
-    if (!done->done) net = milliseconds(1);
+    return;
   }
+  // Gloo enforces timeout_s itself (its error says so); the poll's own limit is a safety net.
+  auto net = detail::to_ms(2 * opts.timeout_s + 60);
+  auto wake = std::make_shared<Wake>();
+  work->getFuture()->addCallback([wake](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(wake->m);
+    wake->done = true;
+    wake->cv.notify_all();
+  });
+  const auto is_done = [wake] {
+    std::lock_guard<std::mutex> lock(wake->m);
+    return wake->done;
+  };
+  // Done: wait() returns at once or rethrows the failure. Not done: report the timeout.
+  if (!poll(what, is_done, net, kWaitSlice, wake)) net = milliseconds(1);
   try {
     work->wait(net);
   } catch (const std::exception& e) {
     fail(what, e);
   }
+}
+
+void ProcessGroup::Impl::wait_device(const std::string& what, const std::function<bool()>& ready) {
+  if (ready()) {
+    check_cuda_failures_or_fail(what);
+    return;
+  }
+  const auto limit = detail::to_ms(opts.timeout_s);
+  // Alone (one GPU, no group) nothing can hang on a peer: wait as long as the device takes.
+  const auto alone = std::chrono::duration_cast<milliseconds>(std::chrono::hours(24 * 365));
+  if (!poll(what, ready, local() ? alone : limit, std::chrono::microseconds(2000),
+            std::make_shared<Wake>())) {
+    abort_cuda();
+    fail(what, std::runtime_error("the device's work (its collectives among it) timed out after " +
+                                  seconds_text(opts.timeout_s) + " s"));
+  }
+  check_cuda_failures_or_fail(what);
+}
+
+void ProcessGroup::Impl::check_cuda_failures_or_fail(const std::string& what) {
+  try {
+    check_cuda_failures();
+  } catch (const std::exception& e) {
+    abort_cuda();
+    fail(what, e);
+  }
+}
+
+void ProcessGroup::Impl::check_cuda_failures() {
+  if (!cuda) return;
+  std::vector<c10::intrusive_ptr<compat::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    works = in_flight;
+  }
+  for (const auto& w : works) {
+    if (w->isCompleted() && w->exception()) std::rethrow_exception(w->exception());
+  }
+}
+
+void ProcessGroup::Impl::abort_cuda() noexcept {
+#ifdef TRAINER_WITH_CUDA
+  if (!cuda) return;
+  std::vector<c10::intrusive_ptr<compat::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    works = in_flight;
+  }
+  compat::abort_nccl(*cuda, works);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -602,6 +680,11 @@ ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->opts.rank; }
 int ProcessGroup::world_size() const { return impl_->opts.world_size; }
 std::string ProcessGroup::backend() const { return impl_->backend_name; }
+bool ProcessGroup::communicates() const { return !impl_->local(); }
+
+void ProcessGroup::wait_device(const std::string& what, const std::function<bool()>& ready) {
+  impl_->wait_device(what, ready);
+}
 
 void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) {
   if (impl_->local()) return;

@@ -1,6 +1,9 @@
 // The process group: rendezvous of all training processes at the chief (rank 0 hosts a c10d
 // TCPStore on its own port) and the collectives the trainer needs, on plain tensors and values.
 // Gloo carries CPU tensors and every small collective; in CUDA builds NCCL carries CUDA tensors.
+// Heartbeats and failure reports use their own connection to the store (with a 5 s timeout), so
+// they never change the timeout of the connection Gloo's and NCCL's set-up use. One wait polls
+// for every backend (wait_device for work on a GPU).
 // Every failure (a peer lost, a timeout, an unreachable chief) is a trainer::DistributedError
 // that names the collective, so the program exits 4 instead of crashing or hanging; after a stop
 // signal (util::stop_requested) it is Interrupted instead, and a Gloo collective still waiting
@@ -17,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +90,18 @@ class ProcessGroup {
   int rank() const;
   int world_size() const;
   std::string backend() const;  // "gloo" or "nccl" as resolved; "local" for world_size 1
+  // Whether collectives really communicate: false for one local process; true for world_size
+  // > 1, and for one process that asked for NCCL explicitly (a one-rank NCCL group, which
+  // exercises the NCCL path on one GPU).
+  bool communicates() const;
+
+  // The one polling wait on the device: returns once `ready` (e.g. a CUDA event's query) is
+  // true. While waiting it notices a stop signal (Interrupted after 5 s), a failure another rank
+  // published (PeerFailed, within about a second) and a failed NCCL collective; after
+  // distributed.timeout_s it aborts NCCL's communicators and throws DistributedError naming the
+  // tasks not heard from. The trainer calls it before it reads values the GPU computed, which is
+  // where a hung collective shows on a GPU (NCCL waits never block the host).
+  void wait_device(const std::string& what, const std::function<bool()>& ready);
 
   // In place, blocking: every tensor becomes the element-wise sum over ranks. Any dtype, layout
   // and shape; tensors of a dtype and device travel together as flat buffers.

@@ -273,6 +273,21 @@ void ProcessGroup::Impl::rendezvous() {
     }
   }
   store->setTimeout(to_ms(opts.timeout_s));
+  // The control connection: heartbeats and failure reports, with their own short timeout, so
+  // that they never change the timeout of `store`, which Gloo's and NCCL's set-up use.
+  try {
+    c10d::TCPStoreOptions co;
+    co.port = static_cast<std::uint16_t>(opts.chief_port);
+    co.isServer = false;
+    co.waitWorkers = false;
+    co.timeout = detail::kControlTimeout;
+    control =
+        c10::make_intrusive<c10d::TCPStore>(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
+  } catch (const std::exception& e) {
+    throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
+                           " reached the chief's store at " + chief +
+                           " but could not open a second connection to it: " + plain_message(e));
+  }
   make_backends();
   start_heartbeat();
 }
@@ -310,13 +325,18 @@ void ProcessGroup::Impl::make_backends() {
   }
 #ifdef TRAINER_WITH_CUDA
   if (backend_name == "nccl") {
-    // Without blocking wait, NCCL would never time out (or abort the process); with it, wait()
-    // throws after the timeout, which becomes a DistributedError like Gloo's.
-    ::setenv("NCCL_BLOCKING_WAIT", "1", 0);
-    ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+    // No blocking wait: a wait only makes the CUDA stream wait, and the host never blocks inside
+    // a step. The trainer's own polling wait (wait_device) gives up at distributed.timeout_s,
+    // aborts the communicators and exits 4 naming the silent task; NCCL's watchdog, with its
+    // timeout a minute later, is only the backstop. CleanUpOnly (2): on an NCCL error the
+    // watchdog aborts the communicators and fails the work instead of killing the process, so
+    // the error reaches that wait. A user's own settings of these variables are kept.
+    ::setenv("NCCL_ASYNC_ERROR_HANDLING", "2", 0);
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", 0);
+    if (!opts.interface.empty()) ::setenv("NCCL_SOCKET_IFNAME", opts.interface.c_str(), 0);
     try {
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = to_ms(opts.timeout_s);
+      nccl_options->timeout = to_ms(opts.timeout_s + 60);
       cuda = c10::make_intrusive<c10d::ProcessGroupNCCL>(
           c10::make_intrusive<c10d::PrefixStore>("nccl", store), opts.rank, opts.world_size,
           nccl_options);
