@@ -1,7 +1,12 @@
 // configs/cluster/: each template parses, names the same image, trainer arguments and port as
-// the README and the Dockerfile, and gives a cluster the trainer accepts. The SLURM script runs
-// for real under a stand-in `srun` that starts its tasks with the variables srun sets.
+// the README and the Dockerfiles, and gives a cluster the trainer accepts. A replica that asks for
+// GPUs runs the CUDA image (Dockerfile.cuda) with one trainer process per GPU, any other the CPU
+// image; the rule is checked on every template and shown to catch a GPU job on the CPU image.
+// The SLURM script runs for real under a stand-in `srun` that starts its tasks with the
+// variables srun sets.
 #include <catch2/catch.hpp>
+
+#include <regex>
 
 #include <yaml-cpp/yaml.h>
 
@@ -15,8 +20,11 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-const fs::path kDir = fs::path(TRAINER_SOURCE_DIR) / "configs" / "cluster";
+const fs::path kSource = fs::path(TRAINER_SOURCE_DIR);
+const fs::path kDir = kSource / "configs" / "cluster";
 const char* const kImage = "gcr.io/PROJECT/trainer";  // `docker build -t trainer .`, pushed
+const char* const kCudaImage = "gcr.io/PROJECT/trainer:cuda";  // from Dockerfile.cuda, pushed
+const char* const kCudaBuild = "docker build -f Dockerfile.cuda -t trainer:cuda .";
 
 std::vector<std::string> strings(const YAML::Node& list) {
   std::vector<std::string> out;
@@ -41,20 +49,315 @@ void check_args(const std::vector<std::string>& args, const std::string& job_dir
   CHECK(args[3] == "5");
   CHECK(args[4] == "--job-dir");
   CHECK(args[5] == job_dir);
-  const fs::path config = fs::path(TRAINER_SOURCE_DIR) / "configs" / fs::path(args[1]).filename();
+  const fs::path config = kSource / "configs" / fs::path(args[1]).filename();
   CHECK_NOTHROW(trainer::config::load_job_spec(config.string(), {}));
+}
+
+// The node at `path` under `root`, or an undefined node where a key is missing (yaml-cpp throws
+// on a lookup under a missing key, and assigning nodes would change the document).
+YAML::Node at(const YAML::Node& root, std::initializer_list<const char*> path) {
+  YAML::Node node(root);
+  for (const char* key : path) {
+    if (!node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node next = static_cast<const YAML::Node&>(node)[key];
+    if (!next.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
+    node.reset(next);
+  }
+  return node;
+}
+
+int as_int(const YAML::Node& n, int fallback) { return n.IsDefined() ? n.as<int>() : fallback; }
+
+// The trainer processes a command starts: `launch --workers N [--chief]` starts N (+1), else 1.
+int processes(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "launch") return 1;
+  int n = 1;
+  bool chief = false;
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--workers" && i + 1 < args.size()) n = std::stoi(args[i + 1]);
+    if (args[i] == "--chief") chief = true;
+  }
+  return n + (chief ? 1 : 0);
+}
+
+// One kind of replica a template starts: its image, the GPUs it asks for and what it runs.
+struct Replica {
+  std::string where;              // the place in the template, for messages
+  std::string image;              // "" = no image (SLURM runs the built binary)
+  int gpus = 0;                   // GPUs asked for per replica; -1 = "all" (a count unknown here)
+  std::vector<std::string> args;  // after the image's ENTRYPOINT ["trainer"]
+  int processes = 1;              // trainer processes it starts
+};
+
+Replica replica(std::string where, std::string image, int gpus, std::vector<std::string> args) {
+  const int n = processes(args);
+  return {std::move(where), std::move(image), gpus, std::move(args), n};
+}
+
+// What is wrong with a replica: a GPU replica must run the CUDA image (the CPU image's LibTorch
+// sees no GPU, so the job would train on the CPU), any other the CPU image, and it must start
+// one trainer process per GPU. `local` = images named as built (compose), not as pushed.
+std::vector<std::string> problems(const Replica& r, bool local = false) {
+  const std::string cpu_image = local ? "trainer" : kImage;
+  const std::string cuda_image = local ? "trainer:cuda" : kCudaImage;
+  std::vector<std::string> out;
+  if (r.gpus != 0 && !r.image.empty() && r.image != cuda_image) {
+    out.push_back(r.where + " asks for GPUs but runs '" + r.image + "', not the CUDA image '" +
+                  cuda_image + "' (" + kCudaBuild + ")");
+  }
+  if (r.gpus == 0 && !r.image.empty() && r.image != cpu_image) {
+    out.push_back(r.where + " asks for no GPU but runs '" + r.image + "', not '" + cpu_image + "'");
+  }
+  if (r.gpus > 0 && r.processes != r.gpus) {
+    out.push_back(r.where + " asks for " + std::to_string(r.gpus) + " GPUs but starts " +
+                  std::to_string(r.processes) +
+                  " trainer processes: one process per GPU (trainer launch --workers N)");
+  }
+  return out;
+}
+
+// AI Platform's trainingInput: the master and (with workerCount > 0) the workers.
+std::vector<Replica> ai_platform_replicas(const YAML::Node& doc) {
+  const YAML::Node in = doc["trainingInput"];
+  std::vector<Replica> out;
+  for (const char* role : {"masterConfig", "workerConfig"}) {
+    if (std::string(role) == "workerConfig" && as_int(in["workerCount"], 0) == 0) continue;
+    const YAML::Node c = in[role];
+    out.push_back(replica(std::string("trainingInput.") + role, c["imageUri"].as<std::string>(),
+                          as_int(at(c, {"acceleratorConfig", "count"}), 0), strings(in["args"])));
+  }
+  return out;
+}
+
+// Vertex AI's worker pools.
+std::vector<Replica> vertex_replicas(const YAML::Node& doc) {
+  std::vector<Replica> out;
+  const YAML::Node pools = doc["workerPoolSpecs"];
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const YAML::Node m = pools[i]["machineSpec"];
+    out.push_back(replica("workerPoolSpecs[" + std::to_string(i) + "]",
+                          pools[i]["containerSpec"]["imageUri"].as<std::string>(),
+                          m["acceleratorType"] ? as_int(m["acceleratorCount"], 1) : 0,
+                          strings(pools[i]["containerSpec"]["args"])));
+  }
+  return out;
+}
+
+// A Kubernetes container: GPUs from resources.limits["nvidia.com/gpu"].
+Replica container_replica(const std::string& where, const YAML::Node& c) {
+  return replica(where, c["image"].as<std::string>(),
+                 as_int(at(c, {"resources", "limits", "nvidia.com/gpu"}), 0), strings(c["args"]));
+}
+
+// TFJob's replica specs (Chief, Worker, ...), every container.
+std::vector<Replica> tfjob_replicas(const YAML::Node& doc) {
+  std::vector<Replica> out;
+  for (const auto& spec : doc["spec"]["tfReplicaSpecs"]) {
+    const YAML::Node containers = spec.second["template"]["spec"]["containers"];
+    for (size_t i = 0; i < containers.size(); ++i) {
+      out.push_back(container_replica(
+          spec.first.as<std::string>() + ".containers[" + std::to_string(i) + "]", containers[i]));
+    }
+  }
+  return out;
+}
+
+// docker compose services: GPUs from `gpus:` or deploy.resources.reservations.devices with the
+// gpu capability (count: N, or all).
+std::vector<Replica> compose_replicas(const YAML::Node& doc) {
+  std::vector<Replica> out;
+  for (const auto& service : doc["services"]) {
+    const YAML::Node s = service.second;
+    int gpus = 0;
+    auto count = [](const YAML::Node& n) {  // no count = all of them
+      return !n.IsDefined() || n.as<std::string>() == "all" ? -1 : n.as<int>();
+    };
+    if (s["gpus"]) gpus = count(s["gpus"]);
+    for (const auto& d : at(s, {"deploy", "resources", "reservations", "devices"})) {
+      for (const auto& cap : at(d, {"capabilities"})) {
+        if (cap.as<std::string>() == "gpu") gpus = count(at(d, {"count"}));
+      }
+    }
+    out.push_back(replica("services." + service.first.as<std::string>(),
+                          s["image"].as<std::string>(), gpus, strings(s["command"])));
+  }
+  return out;
+}
+
+// The SLURM script: GPUs per node (--gres=gpu[:type]:N, --gpus-per-node=N) against tasks per
+// node, one trainer each; there is no image (it runs the binary it is given).
+std::vector<Replica> slurm_replicas(const std::string& script) {
+  auto option = [&](const std::string& pattern) {
+    std::smatch m;
+    return std::regex_search(script, m, std::regex("#SBATCH " + pattern)) ? std::stoi(m[1]) : 0;
+  };
+  const int gpus = std::max(option("--gres=gpu(?::[A-Za-z0-9_]+)?:([0-9]+)"),
+                            option("--gpus-per-node=(?:[A-Za-z0-9_]+:)?([0-9]+)"));
+  const int tasks = std::max(option("--ntasks-per-node=([0-9]+)"), 1);
+  return {Replica{"slurm.sbatch (per node)", "", gpus, {}, tasks}};
+}
+
+std::vector<Replica> replicas_of(const std::string& file) {
+  if (file == "slurm.sbatch") return slurm_replicas(slurp(kDir / file));
+  const YAML::Node doc = YAML::LoadFile((kDir / file).string());
+  if (file == "ai-platform.yaml") return ai_platform_replicas(doc);
+  if (file == "vertex-ai.yaml") return vertex_replicas(doc);
+  if (file == "tfjob.yaml") return tfjob_replicas(doc);
+  if (file == "docker-compose.yaml") return compose_replicas(doc);
+  FAIL("no rule for configs/cluster/" << file << ": add one to test_cluster_templates.cpp");
+  return {};
+}
+
+std::string all(const std::vector<std::string>& problems) {
+  std::string s;
+  for (const auto& p : problems) s += p + "\n";
+  return s;
+}
+
+// The `docker run` command of a text: from "docker run --rm --gpus" through its continuation
+// lines, comment markers, backslashes and repeated spaces removed.
+std::string gpu_run_command(const std::string& text, const std::string& comment) {
+  const size_t start = text.find("docker run --rm --gpus");
+  if (start == std::string::npos) return "";
+  std::string out;
+  std::istringstream lines(text.substr(start));
+  for (std::string line; std::getline(lines, line);) {
+    if (!comment.empty() && line.rfind(comment, 0) == 0) line = line.substr(comment.size());
+    const bool more = !line.empty() && line.back() == '\\';
+    if (more) line.pop_back();
+    out += line + " ";
+    if (!more) break;
+  }
+  return std::regex_replace(out, std::regex(" +"), " ");
 }
 
 }  // namespace
 
 TEST_CASE("the image, its working dir and its configs are what the templates assume",
           "[templates]") {
-  const std::string dockerfile = slurp(fs::path(TRAINER_SOURCE_DIR) / "Dockerfile");
-  CHECK_THAT(dockerfile, Contains("COPY configs /opt/trainer/configs") &&
-                             Contains("WORKDIR /work") && Contains("ENTRYPOINT [\"trainer\"]"));
-  const std::string readme = slurp(fs::path(TRAINER_SOURCE_DIR) / "README.md");
+  for (const char* file : {"Dockerfile", "Dockerfile.cuda"}) {
+    INFO(file);
+    CHECK_THAT(slurp(kSource / file), Contains("COPY configs /opt/trainer/configs") &&
+                                          Contains("WORKDIR /work") &&
+                                          Contains("ENTRYPOINT [\"trainer\"]"));
+  }
+  const std::string readme = slurp(kSource / "README.md");
   CHECK_THAT(readme, Contains("docker build -t trainer .") && Contains(kImage) &&
-                         Contains("configs/cluster/"));
+                         Contains("configs/cluster/") && Contains(kCudaBuild) &&
+                         Contains(kCudaImage));
+}
+
+TEST_CASE("Dockerfile.cuda: the README's GPU commands, the cxx11-ABI LibTorch of its CUDA",
+          "[templates]") {
+  const std::string dockerfile = slurp(kSource / "Dockerfile.cuda");
+  const std::string readme = slurp(kSource / "README.md");
+  CHECK_THAT(dockerfile, Contains(kCudaBuild));
+  // Several ranks in one container: every GPU, NCCL's shared memory, one process per GPU.
+  const std::string run = gpu_run_command(dockerfile, "#");
+  INFO("Dockerfile.cuda: " << run);
+  CHECK_THAT(run, Contains("--gpus all --ipc=host") &&
+                      Contains(" trainer:cuda launch --workers ") &&
+                      Contains(" -- --config /opt/trainer/configs/cassava_resnet50.yaml "));
+  CHECK(gpu_run_command(readme, "") == run);
+  // The train arguments after `--` load.
+  CHECK_NOTHROW(trainer::config::load_job_spec(
+      (kSource / "configs" / "cassava_resnet50.yaml").string(), {"train.device=cuda"}));
+
+  // The LibTorch it downloads is the cxx11-ABI zip for the base image's CUDA (12.1.1 -> cu121),
+  // and the comment names both zip names.
+  std::smatch cuda;
+  REQUIRE(std::regex_search(dockerfile, cuda, std::regex("ARG CUDA_VERSION=([0-9]+)\\.([0-9]+)")));
+  const std::string cu = "cu" + cuda[1].str() + cuda[2].str();
+  std::smatch url;
+  REQUIRE(std::regex_search(dockerfile, url, std::regex("ARG LIBTORCH_URL=(\\S+)")));
+  INFO(url[1].str());
+  CHECK(std::regex_match(
+      url[1].str(),
+      std::regex("https://download\\.pytorch\\.org/libtorch/" + cu +
+                 "/libtorch-cxx11-abi-shared-with-deps-2\\.[0-5]\\.[0-9]+%2B" + cu + "\\.zip")));
+  for (const std::string& text : {dockerfile, readme}) {
+    CHECK_THAT(text, Contains("libtorch-cxx11-abi-shared-with-deps-<ver>%2Bcu<xyz>.zip") &&
+                         Contains("libtorch-shared-with-deps-<ver>%2Bcu<xyz>.zip"));
+  }
+}
+
+TEST_CASE("GPU templates run the CUDA image, one process per GPU, CPU templates the CPU image",
+          "[templates]") {
+  std::set<std::string> files;
+  for (const auto& entry : fs::directory_iterator(kDir)) {
+    files.insert(entry.path().filename().string());
+  }
+  CHECK(files == std::set<std::string>{"ai-platform.yaml", "docker-compose.yaml", "slurm.sbatch",
+                                       "tfjob.yaml", "vertex-ai.yaml"});
+  std::set<std::string> gpu_files;
+  for (const std::string& file : files) {
+    INFO(file);
+    const std::vector<Replica> replicas = replicas_of(file);
+    CHECK(!replicas.empty());
+    for (const Replica& r : replicas) {
+      const auto found = problems(r, file == "docker-compose.yaml");
+      INFO(all(found));
+      CHECK(found.empty());
+      if (r.gpus != 0) gpu_files.insert(file);
+    }
+    if (gpu_files.count(file) != 0) {
+      INFO("a GPU template says how to build its image");
+      CHECK_THAT(slurp(kDir / file), Contains(kCudaBuild));
+    }
+  }
+  CHECK(gpu_files == std::set<std::string>{"ai-platform.yaml", "vertex-ai.yaml"});
+}
+
+TEST_CASE("the image rule catches a GPU job on the CPU image and two GPUs for one process",
+          "[templates]") {
+  // ai-platform.yaml's master on the CPU image.
+  YAML::Node ai = YAML::LoadFile((kDir / "ai-platform.yaml").string());
+  ai["trainingInput"]["masterConfig"]["imageUri"] = kImage;
+  auto found = problems(ai_platform_replicas(ai)[0]);
+  REQUIRE(found.size() == 1);
+  CHECK_THAT(found[0], Contains("trainingInput.masterConfig asks for GPUs") &&
+                           Contains("'gcr.io/PROJECT/trainer', not the CUDA image") &&
+                           Contains(kCudaBuild));
+  // Its worker with two T4s and one process; then with `launch --workers 2` it is right.
+  ai = YAML::LoadFile((kDir / "ai-platform.yaml").string());
+  ai["trainingInput"]["workerConfig"]["acceleratorConfig"]["count"] = 2;
+  Replica worker = ai_platform_replicas(ai)[1];
+  found = problems(worker);
+  REQUIRE(found.size() == 1);
+  CHECK_THAT(found[0], Contains("asks for 2 GPUs but starts 1 trainer processes"));
+  worker.args.insert(worker.args.begin(), {"launch", "--workers", "2", "--"});
+  worker = replica(worker.where, worker.image, worker.gpus, worker.args);
+  CHECK(worker.processes == 2);
+  CHECK(problems(worker).empty());
+  // A Vertex AI pool on the CPU image.
+  YAML::Node vertex = YAML::LoadFile((kDir / "vertex-ai.yaml").string());
+  vertex["workerPoolSpecs"][1]["containerSpec"]["imageUri"] = kImage;
+  CHECK(problems(vertex_replicas(vertex)[0]).empty());
+  CHECK(problems(vertex_replicas(vertex)[1]).size() == 1);
+  // The CPU templates given GPUs but not the CUDA image.
+  YAML::Node tfjob = YAML::LoadFile((kDir / "tfjob.yaml").string());
+  tfjob["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]
+       ["limits"]["nvidia.com/gpu"] = 1;
+  CHECK(all(problems(tfjob_replicas(tfjob)[1])).find("Worker.containers[0] asks for GPUs") !=
+        std::string::npos);
+  YAML::Node compose = YAML::LoadFile((kDir / "docker-compose.yaml").string());
+  compose["services"]["worker1"]["deploy"] = YAML::Load(
+      "{resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}");
+  bool caught = false;
+  for (const Replica& r : compose_replicas(compose)) {
+    caught = caught ||
+             all(problems(r, true)).find("services.worker1 asks for GPUs") != std::string::npos;
+  }
+  CHECK(caught);
+  const auto slurm = slurm_replicas("#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n");
+  CHECK(all(problems(slurm[0])).find("asks for 4 GPUs but starts 1") != std::string::npos);
+  CHECK(problems(slurm_replicas("#SBATCH --ntasks-per-node=4\n#SBATCH --gres=gpu:t4:4\n")[0])
+            .empty());
+  // And a CPU job on the CUDA image.
+  tfjob = YAML::LoadFile((kDir / "tfjob.yaml").string());
+  tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["image"] =
+      kCudaImage;
+  CHECK(problems(tfjob_replicas(tfjob)[0]).size() == 1);
 }
 
 TEST_CASE("ai-platform.yaml is the tutorial's config.yaml shape", "[templates]") {
@@ -63,11 +366,44 @@ TEST_CASE("ai-platform.yaml is the tutorial's config.yaml shape", "[templates]")
   CHECK(in["workerCount"].as<int>() == 1);
   for (const char* role : {"masterConfig", "workerConfig"}) {
     INFO(role);
-    CHECK(in[role]["imageUri"].as<std::string>() == kImage);
+    CHECK(in[role]["imageUri"].as<std::string>() == kCudaImage);
     CHECK(in[role]["acceleratorConfig"]["type"].as<std::string>() == "NVIDIA_TESLA_T4");
     CHECK(in[role]["acceleratorConfig"]["count"].as<int>() == 1);
   }
+  // The tutorial's: the master appears in TF_CONFIG as "chief" (without it, as "master").
+  REQUIRE(in["useChiefInTfConfig"]);
+  CHECK(in["useChiefInTfConfig"].as<bool>());
   check_args(strings(in["args"]), "gs://BUCKET/cassava/run-1");
+}
+
+TEST_CASE("ai-platform.yaml's cluster: the master is the chief as 'chief' and as 'master'",
+          "[templates]") {
+  // The TF_CONFIG AI Platform gives each replica of this template, with useChiefInTfConfig
+  // (the master is "chief") and without it ("master").
+  const YAML::Node in = YAML::LoadFile((kDir / "ai-platform.yaml").string())["trainingInput"];
+  const int workers = in["workerCount"].as<int>();
+  std::string worker_list;
+  for (int i = 0; i < workers; ++i) {
+    worker_list += (i ? ", " : "") + std::string("\"worker-") + std::to_string(i) + ":2222\"";
+  }
+  for (const std::string master_type : {"chief", "master"}) {
+    INFO(master_type);
+    const std::string cluster = R"({"cluster": {")" + master_type +
+                                R"(": ["master-0:2222"], "worker": [)" + worker_list + "]}";
+    std::set<int> ranks;
+    for (int task = -1; task < workers; ++task) {
+      const std::string type = task < 0 ? master_type : "worker";
+      const auto spec = trainer::cluster::parse_tf_config(cluster + R"(, "task": {"type": ")" +
+                                                          type + R"(", "index": )" +
+                                                          std::to_string(std::max(task, 0)) + "}}");
+      CHECK(spec.world_size == 1 + workers);
+      CHECK(spec.chief_address == "master-0:2222");
+      CHECK(spec.is_chief == (task < 0));
+      ranks.insert(spec.rank);
+    }
+    CHECK(ranks.size() == static_cast<size_t>(1 + workers));
+    CHECK(*ranks.begin() == 0);
+  }
 }
 
 TEST_CASE("vertex-ai.yaml has a chief pool and a worker pool of the same image", "[templates]") {
@@ -76,7 +412,7 @@ TEST_CASE("vertex-ai.yaml has a chief pool and a worker pool of the same image",
   for (const auto& pool : pools) {
     CHECK(pool["replicaCount"].as<int>() == 1);
     CHECK(pool["machineSpec"]["acceleratorType"].as<std::string>() == "NVIDIA_TESLA_T4");
-    CHECK(pool["containerSpec"]["imageUri"].as<std::string>() == kImage);
+    CHECK(pool["containerSpec"]["imageUri"].as<std::string>() == kCudaImage);
     check_args(strings(pool["containerSpec"]["args"]), "gs://BUCKET/cassava/run-1");
   }
 }
