@@ -1,6 +1,8 @@
 // The job spec's public functions; every one is a visitor over the field table in fields.h.
 #include "trainer/config/job_spec.h"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -219,9 +221,18 @@ std::vector<std::string> resumable_changes(const JobSpec& spec) {
 
 std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ignored_prefixes) {
   // FNV-1a, 128 bits, over "path\0value\0" of every field not ignored.
+  // Fields added after job dirs were first written, left out at their default value: the
+  // checkpoints of a job dir written before them carry a fingerprint without them, and must
+  // still resume.
+  static const std::vector<std::pair<std::string, std::string>> kLaterFields = {
+      {"train.deterministic", "auto"}};
   util::Fnv1a128 hash;
   for (const auto& [path, value] : flatten(spec)) {
     if (is_ignored(path, ignored_prefixes)) continue;
+    if (std::find(kLaterFields.begin(), kLaterFields.end(), std::make_pair(path, value)) !=
+        kLaterFields.end()) {
+      continue;
+    }
     hash.add(path).add_byte(0);
     hash.add(value).add_byte(0);
   }

@@ -101,19 +101,24 @@ struct TrainSpec {
   int per_replica_batch_size = 64;  // global batch = this x number of replicas
   OptimizerSpec optimizer;
   LrScheduleSpec lr_schedule;
-  double label_smoothing = 0.0;    // in [0, 1)
-  std::string precision = "fp32";  // fp32 | bf16 (autocast) | auto (bf16 where the CPU computes
-                                   // it natively, AVX512_BF16/AMX, or on a bf16 GPU; else fp32)
-  bool channels_last = false;      // NHWC memory format for the convolutions
-  int threads = 0;                 // intra-op threads; 0 = the cores this process may use (its
-                                   // CPU affinity mask), less those the decode threads need
-  int micro_batch_size = 0;        // 0 = off; N = split each per-replica batch into micro-batches
-                                   // of N with gradient accumulation (one optimizer step and
-                                   // one all-reduce per batch; BN statistics per micro-batch)
-  std::string device = "auto";     // auto | cpu | cuda
-  int64_t seed = 42;               // model initialisation seed
-  int64_t max_steps = 0;           // 0 = no limit; stop after this many steps (smoke runs)
-  std::string scale_lr = "off";    // off | linear (learning rate x number of replicas)
+  double label_smoothing = 0.0;        // in [0, 1)
+  std::string precision = "fp32";      // fp32 | bf16 (autocast) | fp16 (autocast + dynamic loss
+                                       // scaling; CUDA only) | auto (bf16 where the CPU computes it
+                                       // natively, AVX512_BF16/AMX, or on an sm80+ GPU; fp16 on
+                                       // sm70/sm75 GPUs such as the T4; else fp32)
+  std::string deterministic = "auto";  // auto | true | false: bit-reproducible kernels (cuDNN
+                                       // deterministic, no benchmark mode, cuBLAS workspace);
+                                       // auto = true on CPU, false on GPUs (benchmark mode on)
+  bool channels_last = false;          // NHWC memory format for the convolutions
+  int threads = 0;                     // intra-op threads; 0 = the cores this process may use (its
+                                       // CPU affinity mask), less those the decode threads need
+  int micro_batch_size = 0;      // 0 = off; N = split each per-replica batch into micro-batches
+                                 // of N with gradient accumulation (one optimizer step and
+                                 // one all-reduce per batch; BN statistics per micro-batch)
+  std::string device = "auto";   // auto | cpu | cuda (this local rank's GPU) | cuda:N
+  int64_t seed = 42;             // model initialisation seed
+  int64_t max_steps = 0;         // 0 = no limit; stop after this many steps (smoke runs)
+  std::string scale_lr = "off";  // off | linear (learning rate x number of replicas)
 };
 
 struct CheckpointSpec {

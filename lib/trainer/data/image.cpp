@@ -93,7 +93,17 @@ Normalize parse_normalize(const std::string& mode, const std::string& field) {
   throw ConfigError(field + ": expected one of unit|imagenet, got '" + mode + "'");
 }
 
-torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last) {
+NormConstants norm_constants(Normalize mode, const torch::Device& device) {
+  NormConstants c;
+  if (mode != Normalize::kImagenet) return c;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  c.mean = torch::tensor({0.485f, 0.456f, 0.406f}, opts).view({1, 3, 1, 1});
+  c.std = torch::tensor({0.229f, 0.224f, 0.225f}, opts).view({1, 3, 1, 1});
+  return c;
+}
+
+torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last,
+                               const NormConstants& constants) {
   if (images.dim() != 4 || images.size(3) != 3 || images.scalar_type() != torch::kUInt8) {
     std::ostringstream got;
     got << images.sizes() << " " << images.scalar_type();
@@ -107,9 +117,10 @@ torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool
   x.copy_(nchw);
   x.div_(255.0);
   if (mode == Normalize::kImagenet) {
-    const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
-    x.sub_(torch::tensor({0.485f, 0.456f, 0.406f}, opts).view({1, 3, 1, 1}));
-    x.div_(torch::tensor({0.229f, 0.224f, 0.225f}, opts).view({1, 3, 1, 1}));
+    const bool given = constants.mean.defined() && constants.mean.device() == x.device();
+    const NormConstants c = given ? constants : norm_constants(mode, x.device());
+    x.sub_(c.mean);
+    x.div_(c.std);
   }
   return x;
 }

@@ -59,7 +59,14 @@ Normalize parse_normalize(const std::string& mode, const std::string& field = "d
 // float32 in that order (the same values the per-pixel loop gave). channels_last: the result
 // is in ChannelsLast memory format (no transpose at all: the uint8 batch is already NHWC),
 // else contiguous NCHW.
-torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last);
+// `constants` (norm_constants for the images' device) avoids making the mean and std tensors
+// on every call; undefined ones are made here.
+struct NormConstants {
+  torch::Tensor mean, std;  // [1, 3, 1, 1] float32 (imagenet); undefined for unit
+};
+NormConstants norm_constants(Normalize mode, const torch::Device& device);
+torch::Tensor normalize_images(const torch::Tensor& images, Normalize mode, bool channels_last,
+                               const NormConstants& constants = {});
 
 // A pipeline image as PNG bytes (for summaries): [H, W, 3] uint8 RGB, any device and strides.
 // Anything else is Error(kInternal).

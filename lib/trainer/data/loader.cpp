@@ -465,9 +465,11 @@ std::optional<Batch> Loader::next() {
     labels.push_back(slot.labels[k]);
   }
   const int64_t size = s.options.preprocess.image_size;
-  batch.images =
-      images.empty() ? torch::empty({0, size, size, 3}, torch::kUInt8) : torch::stack(images);
-  batch.labels = torch::empty({static_cast<int64_t>(labels.size())}, torch::kInt64);
+  const auto pinned = torch::TensorOptions().pinned_memory(s.options.pin_memory);
+  batch.images = torch::empty({static_cast<int64_t>(images.size()), size, size, 3},
+                              pinned.dtype(torch::kUInt8));
+  if (!images.empty()) at::stack_out(batch.images, images);
+  batch.labels = torch::empty({static_cast<int64_t>(labels.size())}, pinned.dtype(torch::kInt64));
   std::copy(labels.begin(), labels.end(), batch.labels.data_ptr<int64_t>());
   return batch;
 }

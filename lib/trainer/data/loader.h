@@ -53,6 +53,9 @@ struct LoaderOptions {
   int open_files = 16;         // record files kept open (more than data.interleave)
   int64_t num_classes = 0;     // > 0: a label outside [0, num_classes) is a data error
   bool cache = false;          // data.cache: memory
+  // Batches in page-locked host memory, so that a copy to a CUDA device runs asynchronously
+  // (DataLoader's pin_memory). Only for a CUDA run: a CPU-only LibTorch cannot pin.
+  bool pin_memory = false;
 };
 
 struct Batch {

@@ -116,6 +116,7 @@ CheckpointInfo verify(const fs::path& dir) {
     info.plan.steps_per_epoch = util::json_int(state, "steps_per_epoch", 0, kI64, where);
     info.plan.shard_digests = state.at("shard_digests").get<std::vector<std::string>>();
   }
+  if (state.contains("loss_scaler")) info.loss_scaler = state.at("loss_scaler");
   return info;
 }
 
@@ -136,7 +137,7 @@ namespace {
 fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                           const std::string& fingerprint, const CheckpointPlan& plan,
                           const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                          int keep) {
+                          int keep, const nlohmann::json& loss_scaler) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   const fs::path tmp_dir = fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp_dir);
@@ -156,6 +157,7 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& 
                           {"steps_per_epoch", plan.steps_per_epoch},
                           {"shard_digests", plan.shard_digests},
                           {"files", nlohmann::json::object()}};
+  if (!loss_scaler.is_null()) state["loss_scaler"] = loss_scaler;
   for (const auto& [name, bytes] : files) {
     util::write_file_atomic(tmp_dir / name, bytes);
     state["files"][name] = {{"size", bytes.size()},
@@ -204,10 +206,11 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& 
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                          const std::string& fingerprint, const CheckpointPlan& plan,
                          const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                         int keep) {
+                         int keep, const nlohmann::json& loss_scaler) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   try {
-    return write_checkpoint(checkpoints_dir, position, fingerprint, plan, model, optimizer, keep);
+    return write_checkpoint(checkpoints_dir, position, fingerprint, plan, model, optimizer, keep,
+                            loss_scaler);
   } catch (...) {
     const ErrorSummary why = describe_exception(std::current_exception());
     if (why.kind != ErrorKind::kData) throw;
@@ -245,21 +248,28 @@ std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir)
   return std::nullopt;
 }
 
+void load_optimizer_state(const std::string& bytes, torch::optim::Optimizer& optimizer,
+                          const torch::Device& device, const std::string& origin) {
+  try {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    // Every tensor onto the run's device, whatever device saved it (LibTorch would otherwise
+    // restore CUDA state onto the GPU it came from, or fail where there is none).
+    archive.load_from(in, device);
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw DataError("'" + origin +
+                    "': cannot restore optimizer state: " + e.what_without_backtrace());
+  }
+}
+
 void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& model,
-                        torch::optim::Optimizer& optimizer) {
+                        torch::optim::Optimizer& optimizer, const torch::Device& device) {
   const fs::path model_path = checkpoint.dir / "model.safetensors";
   model::load_state_dict(model, model::load_safetensors(model_path.string()), model_path.string());
 
   const fs::path opt_path = checkpoint.dir / "optimizer.pt";
-  try {
-    std::istringstream in(util::read_file(opt_path));
-    torch::serialize::InputArchive archive;
-    archive.load_from(in);
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    throw DataError("'" + opt_path.string() +
-                    "': cannot restore optimizer state: " + e.what_without_backtrace());
-  }
+  load_optimizer_state(util::read_file(opt_path), optimizer, device, opt_path.string());
 
   const fs::path rng_path = checkpoint.dir / "rng.safetensors";
   for (const auto& [name, tensor] : model::load_safetensors(rng_path.string())) {

@@ -2,7 +2,10 @@
 //   model.safetensors (torchvision keys), optimizer.pt (LibTorch archive), rng.safetensors
 //   (the CPU generator), state.json (format version, epoch/batch position, global step, the
 //   job fingerprint, the data plan it was written under: world size, steps per epoch and every
-//   worker's shard digest; and the size + CRC-32 of every other file).
+//   worker's shard digest; the loss scaler's state for fp16 runs; and the size + CRC-32 of
+//   every other file).
+// Tensors are stored from whatever device they were on and loaded onto the run's device, so a
+// job resumes CPU-to-GPU, GPU-to-CPU and onto another GPU index.
 // A checkpoint is written under a temp name, each file fsynced, then the directory renamed, so a
 // reader never sees a half-written one; on load every file is checked against state.json and
 // a damaged checkpoint is skipped (logged) in favour of the next older one. Not thread-safe.
@@ -15,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace trainer::train {
 
@@ -41,6 +46,7 @@ struct CheckpointInfo {
   TrainPosition position;
   std::string fingerprint;
   CheckpointPlan plan;
+  nlohmann::json loss_scaler;  // LossScaler::state() of an fp16 run; null when none was saved
 };
 
 // Reads one checkpoint directory's state.json and checks every file it lists (size and CRC).
@@ -53,7 +59,7 @@ CheckpointInfo verify_checkpoint(const fs::path& dir);
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                          const std::string& fingerprint, const CheckpointPlan& plan,
                          const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                         int keep);
+                         int keep, const nlohmann::json& loss_scaler = nlohmann::json());
 
 // Whether `resume` may continue under `now`: the same plan always; another world size or shard
 // plan only from a checkpoint at an epoch boundary (batch_in_epoch 0; the new plan then starts
@@ -68,8 +74,16 @@ std::vector<CheckpointInfo> complete_checkpoints(const fs::path& checkpoints_dir
 // The newest complete, undamaged checkpoint, or nullopt. Damaged ones are logged and skipped.
 std::optional<CheckpointInfo> latest_checkpoint(const fs::path& checkpoints_dir);
 
-// Loads model, optimizer and RNG state from `checkpoint`. Throws DataError on damage.
+// Loads model, optimizer and RNG state from `checkpoint`, every tensor onto `device` (the
+// model's parameters keep their device; the optimizer's state is mapped there whatever device
+// wrote it). Throws DataError on damage.
 void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& model,
-                        torch::optim::Optimizer& optimizer);
+                        torch::optim::Optimizer& optimizer,
+                        const torch::Device& device = torch::kCPU);
+
+// The optimizer state in `bytes` (an optimizer.pt) loaded into `optimizer` onto `device`.
+// Throws DataError naming `origin`.
+void load_optimizer_state(const std::string& bytes, torch::optim::Optimizer& optimizer,
+                          const torch::Device& device, const std::string& origin);
 
 }  // namespace trainer::train

@@ -88,7 +88,7 @@ ModelInfo read_model_info(const fs::path& json_path) {
   if (info.normalize != "unit" && info.normalize != "imagenet") {
     throw bad_field("normalize", info.normalize);
   }
-  if (info.precision != "fp32" && info.precision != "bf16") {
+  if (info.precision != "fp32" && info.precision != "bf16" && info.precision != "fp16") {
     throw bad_field("precision", info.precision);
   }
   if (static_cast<int64_t>(info.class_names.size()) != info.num_classes) {

@@ -14,6 +14,7 @@
 #include "trainer/train/data_plan.h"
 #include "trainer/train/evaluate.h"
 #include "trainer/train/events.h"
+#include "trainer/train/loss_scaler.h"
 #include "trainer/train/metrics.h"
 #include "trainer/train/model_dir.h"
 #include "trainer/train/optimizer.h"
@@ -90,10 +91,17 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainCont
   spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
                spec.model.head_hidden > 0 ? fmt::format(", head {}", spec.model.head_hidden) : "",
                model::count_parameters(*net));
-  spdlog::info("device {}, precision {}{}{}", settings.device.str(),
-               settings.bf16 ? "bf16" : "fp32",
+  spdlog::info("device {}, precision {}{}{}{}", settings.device.str(), settings.precision,
                spec.train.precision == "auto" ? " (train.precision: auto)" : "",
+               settings.loss_scaling() ? " with dynamic loss scaling" : "",
                settings.channels_last ? ", channels_last" : "");
+  if (settings.device.is_cuda()) {
+    spdlog::info("kernels: {}", settings.deterministic
+                                    ? "deterministic (cuDNN deterministic, no benchmark mode; "
+                                      "train.deterministic)"
+                                    : "cuDNN benchmark mode (fast; runs differ in the last bits: "
+                                      "train.deterministic: true for bit-exact resume)");
+  }
   spdlog::info("threads: {}", ctx.budget.describe());
   const util::AllocatorInfo alloc = util::allocator_info();
   spdlog::info("memory: {}{}", alloc.name, alloc.settings.empty() ? "" : ", " + alloc.settings);
@@ -122,17 +130,17 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainCont
   if (!dropped.empty()) spdlog::info("left out of each epoch: {}", dropped);
 }
 
-// What one step computed on this replica.
+// What one step computed on this replica. The sums stay on the model's device until the meter
+// reads them (every step on the CPU, every logging.every_steps on a GPU), so a GPU step never
+// waits for the host.
 struct StepResult {
   int64_t examples = 0;
-  double loss = 0;      // mean over the examples
-  double accuracy = 0;  // top-1, over the examples
+  torch::Tensor loss_sum;  // float64 [], the loss summed over the examples; undefined: none
+  torch::Tensor correct;   // int64 [], top-1 hits; undefined: none
+  bool skipped = false;    // fp16: an inf/NaN gradient, the optimizer step was skipped
+  double loss_scale = 0;   // fp16: the loss scale this step used (0 = no loss scaling)
 };
 
-// The model on its device and in its memory format, its optimizer (built after the placement)
-// and the gradient average: one training step (torchvision's train_one_epoch body). A batch whose
-// images were all corrupt (on_corrupt: skip) still takes part in the collectives, with no gradient,
-// so every replica stays in lock-step.
 // SyncBatchNorm's sums over the replicas, on the process group (blocking, in graph order: every
 // replica runs the same graph, so the collectives match up).
 class GroupStatsReducer : public model::StatsReducer {
@@ -144,6 +152,10 @@ class GroupStatsReducer : public model::StatsReducer {
   dist::ProcessGroup& group_;
 };
 
+// The model on its device and in its memory format, its optimizer (built after the placement),
+// the loss scaler (fp16) and the gradient average: one training step (torchvision's
+// train_one_epoch body). A batch whose images were all corrupt (on_corrupt: skip) still takes
+// part in the collectives, with no gradient, so every replica stays in lock-step.
 class Stepper {
  public:
   Stepper(const config::JobSpec& spec, const TrainContext& ctx, model::ResNet net)
@@ -153,6 +165,7 @@ class Stepper {
         net_(placed(std::move(net), ctx.settings)),
         params_(trainable_parameters(net_)),
         optimizer_(make_optimizer(spec.train.optimizer, params_)),
+        scaler_(ctx.settings.loss_scaling()),
         loss_options_(torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
             spec.train.label_smoothing)) {}
 
@@ -163,6 +176,7 @@ class Stepper {
 
   model::ResNet& net() { return net_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  LossScaler& scaler() { return scaler_; }
 
   // After resume and the initial broadcast: gradients (and, unless BN is frozen, the BN running
   // statistics and the stop vote) travel in the same all-reduce buckets.
@@ -192,35 +206,45 @@ class Stepper {
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
     StepResult r;
     r.examples = batch.images.size(0);
+    r.loss_scale = scaler_.enabled() ? scaler_.scale() : 0;
     if (r.examples > 0) {
       const int64_t micro =
           spec_.train.micro_batch_size > 0 ? spec_.train.micro_batch_size : r.examples;
-      double loss_sum = 0, correct = 0;
       for (int64_t start = 0; start < r.examples; start += micro) {
         const int64_t len = std::min(micro, r.examples - start);
         const bool last = start + len >= r.examples;
         sync_->set_accumulating(!last);
-        const torch::Tensor labels = batch.labels.narrow(0, start, len).to(settings_.device);
+        const torch::Tensor labels = prepare_labels(batch.labels.narrow(0, start, len), settings_);
         const torch::Tensor logits = forward_logits(
             net_, prepare_input(batch.images.narrow(0, start, len), settings_), settings_);
         const torch::Tensor loss =
             torch::nn::functional::cross_entropy(logits, labels, loss_options_);
         // Each micro-batch's mean weighted by its share: the gradients add up to the batch's.
-        (len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples)).backward();
-        loss_sum += loss.item<double>() * static_cast<double>(len);
-        correct += logits.argmax(1).eq(labels).sum().item<double>();
+        scaler_
+            .scale_loss(len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples))
+            .backward();
+        torch::NoGradGuard no_grad;
+        const torch::Tensor loss_part = loss.detach().to(torch::kDouble) * static_cast<double>(len);
+        const torch::Tensor hits = logits.argmax(1).eq(labels).sum();
+        r.loss_sum = r.loss_sum.defined() ? r.loss_sum + loss_part : loss_part;
+        r.correct = r.correct.defined() ? r.correct + hits : hits;
       }
-      r.loss = loss_sum / static_cast<double>(r.examples);
-      r.accuracy = correct / static_cast<double>(r.examples);
     }
     sync_->set_accumulating(false);
     sync_->finish();
-    if (r.examples > 0 || distributed_) optimizer_->step();
+    bool step_ok = true;
+    if (scaler_.enabled()) {
+      const HostSyncAllowed intended;  // GradScaler.step reads its overflow flag the same way
+      step_ok = scaler_.unscale_and_update(params_);
+      r.skipped = !step_ok;
+    }
+    if (step_ok && (r.examples > 0 || distributed_)) optimizer_->step();
     return r;
   }
 
   // Whether any replica was asked to stop (a signal) during this step: voted in the last
-  // gradient bucket, so every replica learns the same answer without another collective.
+  // gradient bucket, so every replica learns the same answer without another collective (on a
+  // GPU the vote is read a step late, on every rank alike).
   bool stop_everywhere() const {
     return distributed_ ? sync_->last_step().stop_votes > 0 : util::stop_requested();
   }
@@ -234,19 +258,28 @@ class Stepper {
   model::ResNet net_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LossScaler scaler_;
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   std::unique_ptr<dist::GradientSync> sync_;
   std::shared_ptr<model::StatsReducer> bn_reducer_;  // model.sync_batchnorm: the group's sum
 };
 
 // The per-step and per-epoch bookkeeping: timings, the wait for input, page faults and kernel
-// time, metrics.jsonl records, the progress bar and the epoch's log line.
+// time, metrics.jsonl records, the progress bar and the epoch's log line. A step's record needs
+// its loss, which lives on the device: on the CPU it is read at once; on a GPU the steps wait in
+// `pending_` and are read together every logging.every_steps (one wait on the device, through
+// the process group's polling wait, so a hung peer or a signal is still noticed), at the end of
+// an epoch and before a checkpoint. Step times come from a StepTimer (CUDA events on a GPU).
 class EpochMeter {
  public:
-  EpochMeter(const DataPlan& plan, bool distributed, MetricsLog metrics, Summaries summaries,
-             Progress progress)
+  EpochMeter(const DataPlan& plan, const TrainContext& ctx, MetricsLog metrics, Summaries summaries,
+             Progress progress, int every_steps)
       : workers_(plan.num_workers),
-        distributed_(distributed),
+        distributed_(ctx.group.world_size() > 1),
+        group_(ctx.group),
+        device_(ctx.settings.device),
+        read_every_(ctx.settings.device.is_cuda() ? std::max(1, every_steps) : 1),
+        timer_(ctx.settings.device),
         metrics_(std::move(metrics)),
         summaries_(std::move(summaries)),
         progress_(std::move(progress)) {}
@@ -254,11 +287,13 @@ class EpochMeter {
   void start_epoch(const TrainPosition& pos, int64_t epochs, int64_t steps) {
     progress_.start_epoch(pos.epoch, epochs, steps, pos.batch_in_epoch);
     images_due_ = true;
-    epoch_start_ = step_start_ = Clock::now();
+    epoch_start_ = Clock::now();
     usage_ = util::resource_usage();
     loss_sum_ = correct_sum_ = comm_wait_s_ = step_time_s_ = data_wait_s_ = sys_s_ = 0;
-    faults_ = 0;
+    faults_ = skipped_steps_ = 0;
     seen_ = steps_ = 0;
+    timer_.reset();  // not what the last epoch's validation and checkpoint took
+    timer_.mark();
   }
   // Loader::next(), timed: the time the loop waited for input.
   std::optional<data::Batch> next_batch(data::Loader& loader) {
@@ -268,52 +303,72 @@ class EpochMeter {
     return batch;
   }
 
-  // After a step (pos: the position after it): its metrics.jsonl record, its summaries (with
-  // the batch's first images at an epoch's first step) and the progress bar.
+  // After a step (pos: the position after it): its summaries' input images at an epoch's first
+  // step now, its metrics.jsonl record, scalar summaries and the progress bar once its values are
+  // read (flush()).
   void end_step(const TrainPosition& pos, const data::Batch& batch, const StepResult& r, double lr,
                 const dist::GradSyncStats& sync) {
-    const auto now = Clock::now();
-    const double dt = seconds(now - step_start_);
-    step_start_ = now;
+    timer_.mark();
     const util::ResourceUsage usage = util::resource_usage();
-    const util::ResourceUsage delta = usage - usage_;
+    Pending p;
+    p.pos = pos;
+    p.result = r;
+    p.lr = lr;
+    p.data_wait = data_wait_;
+    p.usage = usage - usage_;
+    p.comm_wait = sync.wait_s;
     usage_ = usage;
-    const double ips = static_cast<double>(r.examples) * workers_ / dt;
-    ips_ema_ = ips_ema_ == 0 ? ips : 0.8 * ips_ema_ + 0.2 * ips;
-    loss_sum_ += r.loss * static_cast<double>(r.examples);
-    correct_sum_ += r.accuracy * static_cast<double>(r.examples);
-    seen_ += r.examples;
-    ++steps_;
-    step_time_s_ += dt;
-    data_wait_s_ += data_wait_;
-    faults_ += delta.minor_faults;
-    sys_s_ += delta.sys_s;
-    std::map<std::string, double> record = {
-        {"loss", r.loss},
-        {"accuracy", r.accuracy},
-        {"learning_rate", lr},
-        {"images_per_sec", ips},
-        {"step_time_s", dt},
-        {"data_wait_s", data_wait_},
-        {"minor_faults", static_cast<double>(delta.minor_faults)},
-        {"sys_time_s", delta.sys_s}};
-    if (distributed_) {
-      comm_wait_s_ += sync.wait_s;
-      record["comm_wait_s"] = sync.wait_s;
-    }
-    metrics_.write(pos.global_step, pos.epoch + 1, record);
-    summaries_.train_step(pos.global_step, record);
+    pending_.push_back(std::move(p));
     if (images_due_) summaries_.input_images(pos.global_step, batch.images);
     images_due_ = false;
-    progress_.step(pos.batch_in_epoch, r.loss, r.accuracy, lr, ips_ema_);
+    if (static_cast<int>(pending_.size()) >= read_every_) flush();
+  }
+
+  // Reads the pending steps' values from the device (one wait) and writes their records.
+  void flush() {
+    if (pending_.empty()) return;
+    std::vector<torch::Tensor> values;
+    for (const auto& p : pending_) {
+      if (p.result.examples == 0) continue;
+      values.push_back(p.result.loss_sum.reshape({1}));
+      values.push_back(p.result.correct.to(torch::kDouble).reshape({1}));
+    }
+    if (device_.is_cuda()) group_.wait_device("reading the step metrics", ready_probe(device_));
+    torch::Tensor host;
+    std::vector<double> dts;
+    {
+      const HostSyncAllowed intended;
+      if (!values.empty()) host = torch::cat(values).to(torch::kCPU);
+      dts = timer_.intervals();
+    }
+    const double* v = host.defined() ? host.data_ptr<double>() : nullptr;
+    size_t k = 0;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const Pending& p = pending_[i];
+      double loss = 0, accuracy = 0;
+      if (p.result.examples > 0) {
+        const double n = static_cast<double>(p.result.examples);
+        loss = v[k] / n;
+        accuracy = v[k + 1] / n;
+        loss_sum_ += loss * n;
+        correct_sum_ += accuracy * n;
+        k += 2;
+      }
+      write_step(p, loss, accuracy, i < dts.size() ? dts[i] : 0.0);
+    }
+    pending_.clear();
   }
 
   // Ends the progress bar (also before a stop on a signal).
-  void end_progress() { progress_.end_epoch(); }
+  void end_progress() {
+    flush();
+    progress_.end_epoch();
+  }
 
   // Ends the progress bar, logs what the loader skipped and caches, and returns the epoch's
   // metrics.jsonl record and the start of its log line.
   std::map<std::string, double> end_epoch(const data::Loader& loader, std::string* line) {
+    flush();
     progress_.end_epoch();
     if (loader.skipped_total() > 0) {
       spdlog::warn("{} corrupt training images skipped so far (data.on_corrupt: skip)",
@@ -334,6 +389,7 @@ class EpochMeter {
     m["minor_faults_per_step"] = static_cast<double>(faults_) / static_cast<double>(steps_);
     m["sys_time_per_step_s"] = sys_s_ / static_cast<double>(steps_);
     m["data_wait_share"] = step_time_s_ > 0 ? data_wait_s_ / step_time_s_ : 0;
+    if (scaled_) m["skipped_steps"] = static_cast<double>(skipped_steps_);
     *line = fmt::format(
         "train loss {:.4f} acc {:.4f}; per step {:.0f} minor page faults, {:.3f} s in the kernel, "
         "{:.1f}% of step time waiting for input",
@@ -342,6 +398,9 @@ class EpochMeter {
     if (distributed_ && step_time_s_ > 0) {
       m["comm_wait_share"] = comm_wait_s_ / step_time_s_;
       *line += fmt::format(", {:.1f}% waiting on gradients", 100 * comm_wait_s_ / step_time_s_);
+    }
+    if (scaled_ && skipped_steps_ > 0) {
+      *line += fmt::format("; {} step(s) skipped for inf/NaN fp16 gradients", skipped_steps_);
     }
     return m;
   }
@@ -354,18 +413,65 @@ class EpochMeter {
   void close() { summaries_.close(); }
 
  private:
+  struct Pending {
+    TrainPosition pos;
+    StepResult result;
+    double lr = 0, data_wait = 0, comm_wait = 0;
+    util::ResourceUsage usage;
+  };
+
+  void write_step(const Pending& p, double loss, double accuracy, double dt) {
+    const StepResult& r = p.result;
+    const double ips = dt > 0 ? static_cast<double>(r.examples) * workers_ / dt : 0;
+    ips_ema_ = ips_ema_ == 0 ? ips : 0.8 * ips_ema_ + 0.2 * ips;
+    seen_ += r.examples;
+    ++steps_;
+    step_time_s_ += dt;
+    data_wait_s_ += p.data_wait;
+    faults_ += p.usage.minor_faults;
+    sys_s_ += p.usage.sys_s;
+    std::map<std::string, double> record = {
+        {"loss", loss},
+        {"accuracy", accuracy},
+        {"learning_rate", p.lr},
+        {"images_per_sec", ips},
+        {"step_time_s", dt},
+        {"data_wait_s", p.data_wait},
+        {"minor_faults", static_cast<double>(p.usage.minor_faults)},
+        {"sys_time_s", p.usage.sys_s}};
+    if (distributed_) {
+      comm_wait_s_ += p.comm_wait;
+      record["comm_wait_s"] = p.comm_wait;
+    }
+    if (r.loss_scale > 0) {  // fp16
+      scaled_ = true;
+      record["loss_scale"] = r.loss_scale;
+      record["skipped_step"] = r.skipped ? 1 : 0;
+      if (r.skipped) ++skipped_steps_;
+    }
+    metrics_.write(p.pos.global_step, p.pos.epoch + 1, record);
+    summaries_.train_step(p.pos.global_step, record);
+    progress_.step(p.pos.batch_in_epoch, loss, accuracy, p.lr, ips_ema_);
+  }
+
   int workers_;
   bool distributed_;
+  dist::ProcessGroup& group_;
+  torch::Device device_;
+  int read_every_;
+  StepTimer timer_;
   MetricsLog metrics_;
   Summaries summaries_;
   Progress progress_;
+  std::vector<Pending> pending_;
   bool images_due_ = false;
-  Clock::time_point epoch_start_, step_start_;
+  bool scaled_ = false;
+  Clock::time_point epoch_start_;
   util::ResourceUsage usage_;
   double data_wait_ = 0, ips_ema_ = 0;
   double loss_sum_ = 0, correct_sum_ = 0, comm_wait_s_ = 0, step_time_s_ = 0, data_wait_s_ = 0,
          sys_s_ = 0;
-  int64_t faults_ = 0, seen_ = 0, steps_ = 0;
+  int64_t faults_ = 0, seen_ = 0, steps_ = 0, skipped_steps_ = 0;
 };
 
 // The one place that decides what only the chief writes: checkpoints (after proving every
@@ -382,9 +488,10 @@ class ChiefWrites {
     agree(ctx_.group, ctx_.cluster, "writing a checkpoint", [&] {
       if (!ctx_.job_dir.is_chief()) return;
       ctx_.job_dir.write_while_present([&] {
-        const auto dir =
-            save_checkpoint(ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan,
-                            *stepper_.net(), stepper_.optimizer(), spec_.checkpoint.keep);
+        const auto dir = save_checkpoint(
+            ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
+            stepper_.optimizer(), spec_.checkpoint.keep,
+            stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json());
         spdlog::info("checkpoint {}", dir.string());
       });
     });
@@ -392,12 +499,10 @@ class ChiefWrites {
 
   // checkpoint.every_steps, after a step inside an epoch (the end of an epoch, and stopping at
   // max_steps, have their own checkpoint in checkpoint_if_due).
-  void checkpoint_if_step_due(const TrainPosition& pos) {
+  bool step_checkpoint_due(const TrainPosition& pos) const {
     const int every = spec_.checkpoint.every_steps;
-    if (every > 0 && pos.global_step % every == 0 &&
-        pos.batch_in_epoch < ctx_.plan.steps_per_epoch) {
-      checkpoint(pos);
-    }
+    return every > 0 && pos.global_step % every == 0 &&
+           pos.batch_in_epoch < ctx_.plan.steps_per_epoch;
   }
 
   // The cadence at the end of an epoch's steps: a finished epoch checkpoints every
@@ -425,7 +530,7 @@ class ChiefWrites {
       info.image_size = spec_.data.image_size;
       info.normalize = spec_.data.normalize;
       info.reduced_decode = spec_.data.reduced_decode;
-      info.precision = ctx_.settings.bf16 ? "bf16" : "fp32";
+      info.precision = ctx_.settings.precision;
       info.channels_last = ctx_.settings.channels_last;
       info.global_step = summary.global_step;
       info.epochs = summary.epochs_done;
@@ -487,7 +592,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   // 1. Data: this worker's shard, the same number of steps on every worker.
   config::DataSpec data = spec.data;
   data.num_workers = ctx.budget.decode;
-  data::Loader train_loader(plan.train.examples, train_loader_options(data, spec.train, plan));
+  data::LoaderOptions train_options = train_loader_options(data, spec.train, plan);
+  train_options.pin_memory = ctx.settings.device.is_cuda();
+  data::Loader train_loader(plan.train.examples, std::move(train_options));
   std::unique_ptr<data::Loader> val_loader;
   if (plan.validation) {
     val_loader = std::make_unique<data::Loader>(
@@ -496,7 +603,10 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                             plan.num_classes, plan.worker, plan.num_workers));
   }
 
-  // 2. Model and optimizer; the schedule (linear scaling rule when asked).
+  // 2. Kernels (deterministic or cuDNN benchmark mode), model and optimizer; the schedule
+  // (linear scaling rule when asked).
+  configure_kernels(ctx.settings.device, ctx.settings.deterministic);
+  StepSyncCheck sync_check(ctx.settings.device);
   Stepper stepper(spec, ctx, build_model(spec.model, plan.num_classes, spec.train.seed));
   log_plan(spec, plan, ctx, stepper.net());
   const double base_lr =
@@ -510,7 +620,11 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   // 3. Resume, then the chief's weights everywhere, then the gradient sync.
   TrainPosition pos;
   if (ctx.resume) {
-    restore_checkpoint(*ctx.resume, *stepper.net(), stepper.optimizer());
+    restore_checkpoint(*ctx.resume, *stepper.net(), stepper.optimizer(), ctx.settings.device);
+    if (stepper.scaler().enabled() && !ctx.resume->loss_scaler.is_null()) {
+      stepper.scaler().restore(ctx.resume->loss_scaler,
+                               "'" + (ctx.resume->dir / "state.json").string() + "'");
+    }
     pos = ctx.resume->position;
     spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
                  pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
@@ -519,9 +633,10 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   stepper.connect(group);
   ChiefWrites chief(spec, ctx, stepper);
   const int64_t first_step = ctx.resume ? pos.global_step : 0;
-  EpochMeter meter(plan, group.world_size() > 1, MetricsLog(ctx.job_dir.metrics_file(), first_step),
+  EpochMeter meter(plan, ctx, MetricsLog(ctx.job_dir.metrics_file(), first_step),
                    open_summaries(spec, ctx, first_step),
-                   Progress(util::stderr_is_tty(), spec.logging.every_steps));
+                   Progress(util::stderr_is_tty(), spec.logging.every_steps),
+                   spec.logging.every_steps);
 
   // 4. The loop: steps, then per epoch validation and the checkpoint cadence.
   TrainSummary summary;
@@ -540,12 +655,17 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       // job resumed at an epoch boundary with another number of workers (check_resume_plan).
       const int64_t schedule_step = pos.epoch * plan.steps_per_epoch + pos.batch_in_epoch;
       const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape);
+      sync_check.begin_step();
       const StepResult r = stepper.step(*batch, lr);
       pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
       meter.end_step(pos, *batch, r, lr, stepper.sync_stats());
+      sync_check.end_step();
       if (stepper.stop_everywhere()) stop_on_signal(meter, chief, pos);  // every replica alike
       if ((stop = at_max_steps())) break;
-      chief.checkpoint_if_step_due(pos);
+      if (chief.step_checkpoint_due(pos)) {
+        meter.flush();  // metrics.jsonl holds every step up to the checkpoint
+        chief.checkpoint(pos);
+      }
     }
     std::string line;
     std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);

@@ -1,10 +1,12 @@
 // Checkpoints: a bit-exact round trip of model, optimizer and RNG state; pruning to `keep`;
 // damaged, half-written and foreign-version checkpoints are skipped in favour of older ones.
+#include <caffe2/serialize/inline_container.h>
 #include <catch2/catch.hpp>
 
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "train_test_util.h"
@@ -378,4 +380,101 @@ TEST_CASE(
   CHECK_THAT(problem(nlohmann::json::array()), Contains("not a JSON object"));
   write_state(ckpt, good);
   CHECK(verify_checkpoint(ckpt).position.global_step == 3);
+}
+
+namespace {
+
+// `bytes` (a LibTorch archive) with every tensor's device rewritten from "cpu" to "cuda": the
+// optimizer.pt a run on a GPU writes. The archive's pickle names the device once (LibTorch's
+// pickler memoises the string) as BINUNICODE; the records are copied into a new zip.
+std::string as_if_saved_on_cuda(const std::string& bytes) {
+  std::istringstream in(bytes);
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  std::ostringstream out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+      return n;
+    });
+    const std::string cpu(
+        "X\x03\x00\x00\x00"
+        "cpu",
+        8);
+    const std::string cuda(
+        "X\x04\x00\x00\x00"
+        "cuda",
+        9);
+    for (const std::string& name : reader.getAllRecords()) {
+      if (name == "version" || name.rfind(".data/", 0) == 0) continue;  // the writer adds its own
+      auto [data, size] = reader.getRecord(name);
+      std::string record(static_cast<const char*>(data.get()), size);
+      if (name == "data.pkl") {
+        size_t at = 0, replaced = 0;
+        while ((at = record.find(cpu, at)) != std::string::npos) {
+          record.replace(at, cpu.size(), cuda);
+          at += cuda.size();
+          ++replaced;
+        }
+        REQUIRE(replaced >= 1);
+      }
+      writer.writeRecord(name, record.data(), record.size());
+    }
+    writer.writeEndOfFile();
+  }
+  return out.str();
+}
+
+}  // namespace
+
+TEST_CASE("optimizer state saved on a GPU loads onto the run's device (the CPU here)",
+          "[checkpoint]") {
+  Trained saved;
+  torch::serialize::OutputArchive archive;
+  saved.opt->save(archive);
+  std::ostringstream cpu_bytes;
+  archive.save_to(cpu_bytes);
+  const std::string cuda_bytes = as_if_saved_on_cuda(cpu_bytes.str());
+
+  // The rewritten archive really asks for CUDA: LibTorch's plain load cannot place it here.
+  if (!torch::cuda::is_available()) {
+    TinyNet other;
+    auto other_opt = make_optimizer(adam_spec(), other->parameters());
+    CHECK_THROWS([&] {
+      std::istringstream in(cuda_bytes);
+      torch::serialize::InputArchive plain;
+      plain.load_from(in);
+      other_opt->load(plain);
+    }());
+  }
+
+  // Mapped onto the CPU, it is the state that was saved, bit for bit.
+  TinyNet fresh;
+  auto fresh_opt = make_optimizer(adam_spec(), fresh->parameters());
+  load_optimizer_state(cuda_bytes, *fresh_opt, torch::kCPU, "optimizer.pt");
+  const auto params = saved.net->parameters();
+  const auto fresh_params = fresh->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO("parameter " << i);
+    const auto& a = static_cast<const torch::optim::AdamParamState&>(
+        *saved.opt->state().at(tensor_impl_key(params[i])));
+    const auto& b = static_cast<const torch::optim::AdamParamState&>(
+        *fresh_opt->state().at(tensor_impl_key(fresh_params[i])));
+    CHECK(b.exp_avg().device() == torch::Device(torch::kCPU));
+    CHECK(bit_equal(a.exp_avg(), b.exp_avg()));
+    CHECK(bit_equal(a.exp_avg_sq(), b.exp_avg_sq()));
+  }
+  // A damaged archive is a data error naming the file.
+  CHECK_THROWS_WITH(load_optimizer_state("not a zip", *fresh_opt, torch::kCPU, "ckpt/optimizer.pt"),
+                    Contains("'ckpt/optimizer.pt': cannot restore optimizer state"));
+}
+
+TEST_CASE("the loss scaler's state rides in state.json", "[checkpoint]") {
+  TempDir tmp;
+  Trained t;
+  const fs::path without = t.save(tmp / "a", 5);
+  CHECK(verify_checkpoint(without).loss_scaler.is_null());
+  const nlohmann::json scaler = {{"scale", 1024.0}, {"growth_tracker", 17}};
+  const fs::path with =
+      save_checkpoint(tmp / "b", {0, 5, 5}, "fingerprint-a", {}, *t.net, *t.opt, 3, scaler);
+  CHECK(verify_checkpoint(with).loss_scaler == scaler);
 }
