@@ -117,6 +117,18 @@ TEST_CASE("inspect prints the job, the role and the data plan", "[cli]") {
   CHECK(j["data"]["class_names"][0] == "cbb");
   CHECK(j["data"]["global_batch_size"] == 10);
   CHECK(j["data"]["steps_per_epoch"] == 4);
+  // The device and why: one process is local rank 0; a CPU LibTorch sees no GPU.
+  CHECK(j["runtime"]["local_rank"] ==
+        nlohmann::json::parse(
+            R"({"index": 0, "world_size": 1, "source": "one process: local index 0"})"));
+  if (j["runtime"]["device"] == "cpu") {
+    CHECK(j["runtime"]["device_reason"] ==
+          "train.device: auto, no CUDA GPU visible to this LibTorch");
+  } else {
+    CHECK(j["runtime"]["device"] == "cuda:0");
+    CHECK_THAT(j["runtime"]["device_reason"].get<std::string>(),
+               Contains("one process: local index 0"));
+  }
   CHECK_FALSE(fs::exists(dir / "j"));  // a dry run writes nothing
 }
 

@@ -50,6 +50,9 @@ TEST_CASE("inspect --cluster slurm prints the TF_CONFIG the srun task amounts to
         nlohmann::json::parse(R"({"cluster": {"worker": ["gpu1:2222", "gpu1:2223", "gpu2:2222",
                               "gpu2:2223"]}, "task": {"type": "worker", "index": 3}})"));
   CHECK(doc["job"]["distributed"]["cluster"] == "slurm");
+  CHECK(doc["runtime"]["local_rank"]["index"] == 1);
+  CHECK(doc["runtime"]["local_rank"]["world_size"] == 2);
+  CHECK(doc["runtime"]["local_rank"]["source"] == "SLURM_LOCALID=1 of 2 task(s) on this node");
 
   const Result bad = run_trainer(dir.path(), "inspect --config job.yaml --cluster slurm", {});
   CHECK(bad.code == 2);
@@ -66,6 +69,49 @@ TEST_CASE("two SLURM tasks train together from srun's variables", "[launchers][m
   Background worker(dir.path(), args, srun_env(1, port), "s1");
   const Result c = chief.wait();
   check_trained(dir.path(), c, worker.wait());
+}
+
+TEST_CASE("inspect shows the device LOCAL_RANK picks, and refuses bad local ranks", "[launchers]") {
+  TempDir dir("local_rank_inspect");
+  make_dataset(dir.path(), "data", 4, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1));
+  const std::vector<std::string> torchrun = {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                             "MASTER_PORT=29500"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), torchrun.begin(), torchrun.end());
+    return extra;
+  };
+  const Result r = run_trainer(dir.path(), "inspect --config job.yaml",
+                               with({"LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2"}));
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto rt = nlohmann::json::parse(r.out)["runtime"];
+  CHECK(rt["local_rank"]["index"] == 1);
+  CHECK(rt["local_rank"]["world_size"] == 2);
+  CHECK(rt["local_rank"]["source"] == "LOCAL_RANK=1 of LOCAL_WORLD_SIZE=2");
+  const bool cpu_only = rt["device"] == "cpu";
+  if (cpu_only) {
+    CHECK(rt["device_reason"] == "train.device: auto, no CUDA GPU visible to this LibTorch");
+  } else {
+    CHECK_THAT(rt["device_reason"].get<std::string>(),
+               Contains("LOCAL_RANK=1 of LOCAL_WORLD_SIZE=2"));
+  }
+
+  const Result bad = run_trainer(dir.path(), "inspect --config job.yaml",
+                                 with({"LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2"}));
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Contains("LOCAL_RANK '2' is not below LOCAL_WORLD_SIZE '2'"));
+  const Result word =
+      run_trainer(dir.path(), "inspect --config job.yaml", with({"LOCAL_RANK=one"}));
+  CHECK(word.code == 2);
+  CHECK_THAT(word.err, Contains("LOCAL_RANK: expected a non-negative integer"));
+  if (cpu_only) {  // cuda:N without a GPU, before anything else starts
+    const Result gpu =
+        run_trainer(dir.path(), "inspect --config job.yaml --set train.device=cuda:1",
+                    with({"LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2"}));
+    CHECK(gpu.code == 2);
+    CHECK_THAT(gpu.err, Contains("train.device: 'cuda:1' requested"));
+  }
 }
 
 TEST_CASE("torchrun-style variables train without TF_CONFIG", "[launchers][multiworker]") {

@@ -251,13 +251,21 @@ int decode_status(int status) {
   return 1;
 }
 
-// The environment of a child: ours, with TF_CONFIG replaced.
-std::vector<std::string> child_environment(const std::string& tf_config) {
+// The environment of a child: ours, with TF_CONFIG, LOCAL_RANK and LOCAL_WORLD_SIZE replaced
+// (the evaluator gets no local rank).
+std::vector<std::string> child_environment(const LaunchTask& task) {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
-    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env.emplace_back(*e);
+    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0 && std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
+        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
+      env.emplace_back(*e);
+    }
   }
-  env.push_back("TF_CONFIG=" + tf_config);
+  env.push_back("TF_CONFIG=" + task.tf_config);
+  if (task.local_rank >= 0) {
+    env.push_back("LOCAL_RANK=" + std::to_string(task.local_rank));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(task.local_world_size));
+  }
   return env;
 }
 
@@ -292,7 +300,7 @@ int start_child(Child& child, const std::string& program, const std::vector<std:
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<std::string> argv_s = {program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<std::string> env_s = child_environment(child.task.tf_config);
+  std::vector<std::string> env_s = child_environment(child.task);
   std::vector<char*> argv = c_strings(argv_s);
   std::vector<char*> envp = c_strings(env_s);
 
@@ -457,10 +465,16 @@ std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vec
     tasks.push_back({"evaluator", 0, format_address(options.host, ports[next++]), ""});
     cluster["evaluator"] = nlohmann::json::array({tasks.back().address});
   }
-  for (auto& t : tasks) {
+  const int training = options.workers + (options.chief ? 1 : 0);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    LaunchTask& t = tasks[i];
     t.tf_config =
         nlohmann::json{{"cluster", cluster}, {"task", {{"type", t.type}, {"index", t.index}}}}
             .dump();
+    if (t.type != "evaluator") {  // chief first, then the workers: their rank
+      t.local_rank = static_cast<int>(i);
+      t.local_world_size = training;
+    }
   }
   return tasks;
 }

@@ -1,7 +1,8 @@
 // `trainer launch`: runs a whole training cluster on this machine. Starts N worker processes (plus
-// a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine,
-// prefixes every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "),
-// forwards SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code
+// a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine (and
+// LOCAL_RANK, LOCAL_WORLD_SIZE as torchrun sets them, which pick each process's GPU), prefixes
+// every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "), forwards
+// SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code
 // (or, with --max-restarts, starts them all again).
 // POSIX only (fork/exec, pipes, poll, process groups). run_launch() owns the children it starts
 // and installs its own SIGINT/SIGTERM/SIGCHLD handlers for its duration: one launch at a time per
@@ -49,11 +50,16 @@ struct LaunchTask {
   int index = 0;             // index within its type
   std::string address;       // host:port ("[::1]:port" for an IPv6 host)
   std::string tf_config;     // the TF_CONFIG value this process gets
+  // LOCAL_RANK and LOCAL_WORLD_SIZE, set as torchrun sets them: the training tasks (chief first)
+  // are local ranks 0..N-1 of N; the evaluator gets neither (-1, 0).
+  int local_rank = -1;
+  int local_world_size = 0;
   std::string name() const;  // "chief", "worker 1", "evaluator": the line prefix, no brackets
 };
 
 // The cluster `options` describe, given one port per process (chief first): every task's
-// TF_CONFIG lists the whole cluster ({"cluster": {"chief": [..], "worker": [..]}, "task": {..}}).
+// TF_CONFIG lists the whole cluster ({"cluster": {"chief": [..], "worker": [..]}, "task": {..}}),
+// and each training task has its local rank (its rank: they all run on this host).
 // Pure. Throws UsageError naming --workers / --base-port / the missing train arguments.
 std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports);
 

@@ -17,6 +17,16 @@
 
 namespace trainer::config::detail {
 
+// train.device: auto, cpu, cuda or cuda:N (N in 0..9999 without sign or leading zeros, as
+// torch::Device reads it).
+inline bool is_device_name(const std::string& d) {
+  if (d == "auto" || d == "cpu" || d == "cuda") return true;
+  if (d.rfind("cuda:", 0) != 0) return false;
+  const std::string n = d.substr(5);
+  return !n.empty() && n.size() <= 4 && (n == "0" || n[0] != '0') &&
+         n.find_first_not_of("0123456789") == std::string::npos;
+}
+
 struct NoChecks {
   template <class F>
   void check(const char*, F&&) {}
@@ -163,8 +173,12 @@ void visit(TrainSpec& s, V& v) {
   v("label_smoothing", s.label_smoothing,
     Field("cross-entropy label smoothing").at_least(0).below(1));
   v("precision", s.precision,
-    Field("compute precision; bf16 = autocast; auto = bf16 where the CPU/GPU computes it natively")
-        .one_of({"fp32", "bf16", "auto"}));
+    Field("compute precision; bf16 = autocast; fp16 = autocast with dynamic loss scaling (GPUs); "
+          "auto = bf16 where the CPU/GPU computes it natively, fp16 on sm70/sm75 GPUs")
+        .one_of({"fp32", "bf16", "fp16", "auto"}));
+  v("deterministic", s.deterministic,
+    Field("bit-reproducible kernels; auto = on for CPU (free), off on GPUs (cuDNN benchmark mode)")
+        .one_of({"auto", "true", "false"}));
   v("channels_last", s.channels_last, Field("NHWC memory format for the convolutions"));
   v("threads", s.threads,
     Field("intra-op threads; 0 = the cores of this process's CPU affinity mask")
@@ -180,7 +194,13 @@ void visit(TrainSpec& s, V& v) {
            std::to_string(s.per_replica_batch_size) + "), got " +
            in_quotes(std::to_string(s.micro_batch_size));
   });
-  v("device", s.device, Field("auto = cuda when available").one_of({"auto", "cpu", "cuda"}));
+  v("device", s.device,
+    Field("auto = cuda when available; cuda = GPU (local rank mod GPUs); cuda:N = GPU N "
+          "(auto|cpu|cuda|cuda:N)"));
+  v.check("device", [&s] {
+    if (is_device_name(s.device)) return std::string();
+    return "expected auto, cpu, cuda or cuda:N, got " + in_quotes(s.device);
+  });
   v("seed", s.seed, Field("model initialisation seed"));
   v("max_steps", s.max_steps,
     Field("stop after this many steps (smoke runs); 0 = no limit").at_least(0));

@@ -10,6 +10,7 @@
 #include "trainer/cluster/cluster_spec.h"
 #include "trainer/cluster/job_dir.h"
 #include "trainer/cluster/launch_env.h"
+#include "trainer/cluster/local_rank.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
@@ -95,7 +96,9 @@ dist::DistOptions dist_options(const config::JobSpec& spec, const cluster::Clust
   dist::DistOptions o;
   o.rank = cluster.rank;
   o.world_size = cluster.world_size;
-  if (cluster.world_size > 1) {
+  // A one-process job that names NCCL still forms a (one-rank) group at its own address.
+  if (cluster.world_size > 1 ||
+      (spec.distributed.backend == "nccl" && !cluster.chief_address.empty())) {
     o.chief_host = cluster::host_of(cluster.chief_address);
     o.chief_port = cluster::port_of(cluster.chief_address);
     // No own address (a torchrun worker): Gloo binds to this machine's hostname.
@@ -132,13 +135,21 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
 // What train would run on here: device, effective precision and layout, the thread budget, the
 // allocator and the CPU (inspect's `runtime`).
 nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
-  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/false);
+  const cluster::LocalRank local = cluster::local_rank(cluster::process_environment(), cluster);
+  const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
+  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/false, local);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   const util::CpuFeatures cpu = util::cpu_features();
   const util::AllocatorInfo alloc = util::allocator_info();
   return {
       {"device", settings.device.str()},
-      {"precision", settings.bf16 ? "bf16" : "fp32"},
+      {"device_reason", device.why},  // which local rank, how many GPUs
+      {"local_rank",
+       {{"index", local.index},
+        {"world_size", local.world_size > 0 ? nlohmann::json(local.world_size) : nullptr},
+        {"source", local.source}}},
+      {"precision", settings.precision},
+      {"deterministic", settings.deterministic},
       {"precision_requested", spec.train.precision},
       {"memory_format", settings.channels_last ? "channels_last" : "nchw"},
       // Which BatchNorm the job trains with: frozen (eval mode), sync (statistics over the
@@ -267,8 +278,13 @@ int run_train(const TrainOptions& options) {
                options.config.empty() ? "(defaults)" : options.config, job_dir.root().string(),
                cluster::task_name(cluster, cluster.rank), cluster.rank, cluster.world_size);
 
-  // 2. Run-time (device, precision, threads), then meet the others at the chief.
-  const ModelSettings settings = model_settings(spec);
+  // 2. Run-time: this process's device, made current before any CUDA work and before the group
+  // exists; precision, threads. Then meet the others at the chief.
+  const cluster::LocalRank local = cluster::local_rank(cluster::process_environment(), cluster);
+  const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
+  activate_device(device.device);
+  spdlog::info("device {} ({})", device.device.str(), device.why);
+  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/true, local);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   apply_threads(budget);
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
@@ -329,8 +345,9 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
                                                             listing, loaded.info.num_classes));
 
   ModelSettings settings;
-  settings.device = resolve_device(spec.train.device);
-  settings.bf16 = loaded.info.precision == "bf16";
+  settings.device = resolve_device(spec.train.device, spec.distributed.backend, {}).device;
+  activate_device(settings.device);
+  settings.precision = inference_precision(loaded.info.precision, settings.device);
   settings.channels_last = loaded.info.channels_last;
   settings.normalize = data::parse_normalize(loaded.info.normalize, "model.json normalize");
   model::ResNet net = loaded.net;
@@ -353,7 +370,7 @@ int run_predict(const PredictOptions& options, std::ostream& out) {
   const data::ImagePipeline pipeline(pre);
 
   ModelSettings settings;
-  settings.bf16 = loaded.info.precision == "bf16";
+  settings.precision = inference_precision(loaded.info.precision, settings.device);
   settings.channels_last = loaded.info.channels_last;
   settings.normalize = data::parse_normalize(loaded.info.normalize, "model.json normalize");
   model::ResNet net = loaded.net;

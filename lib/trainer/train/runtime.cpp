@@ -3,17 +3,21 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 #ifdef TRAINER_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
+#include "trainer/util/device.h"
 #include "trainer/util/error.h"
 #include "trainer/util/storage.h"
 #include "trainer/util/torch_compat.h"
@@ -22,25 +26,101 @@ namespace trainer::train {
 
 namespace {
 
-bool cuda_supports_bf16(const torch::Device& device) {
+// The GPU's compute capability major (0 in a build without CUDA).
+int cuda_major(const torch::Device& device) {
 #ifdef TRAINER_WITH_CUDA
-  return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major >= 8;
+  return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major;
 #else
-  return false;
+  (void)device;
+  return 0;
 #endif
 }
 
 }  // namespace
 
-torch::Device resolve_device(const std::string& device) {
-  const bool have_cuda = torch::cuda::is_available();
-  if (device == "cuda" && !have_cuda) {
-    throw ConfigError(
-        "train.device: 'cuda' requested, but this LibTorch build sees no CUDA GPU (Debian's "
-        "libtorch is CPU-only; build against a CUDA LibTorch with -DCMAKE_PREFIX_PATH)");
+namespace {
+
+std::string gpus_text(int n) { return fmt::format("{} visible GPU{}", n, n == 1 ? "" : "s"); }
+
+// N of "cuda:N" (0..9999, no sign or leading zeros), else -1.
+int cuda_index(const std::string& device) {
+  if (device.rfind("cuda:", 0) != 0) return -1;
+  const std::string n = device.substr(5);
+  if (n.empty() || n.size() > 4 || (n.size() > 1 && n[0] == '0') ||
+      n.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
   }
-  if (device == "cuda" || (device == "auto" && have_cuda)) return torch::Device(torch::kCUDA, 0);
-  return torch::Device(torch::kCPU);
+  return std::stoi(n);
+}
+
+}  // namespace
+
+DeviceChoice choose_device(const std::string& device, const std::string& backend,
+                           const cluster::LocalRank& local, int visible_gpus) {
+  const int fixed = cuda_index(device);
+  if (device != "auto" && device != "cpu" && device != "cuda" && fixed < 0) {
+    throw ConfigError("train.device: expected auto, cpu, cuda or cuda:N, got '" + device + "'");
+  }
+  if (device == "cpu") return {torch::Device(torch::kCPU), "train.device: cpu"};
+  if (visible_gpus <= 0) {
+    if (device == "auto") {
+      return {torch::Device(torch::kCPU),
+              "train.device: auto, no CUDA GPU visible to this LibTorch"};
+    }
+    throw ConfigError("train.device: '" + device +
+                      "' requested, but this LibTorch build sees no CUDA GPU (Debian's libtorch "
+                      "is CPU-only; build against a CUDA LibTorch with -DCMAKE_PREFIX_PATH)");
+  }
+  if (fixed >= visible_gpus) {
+    throw ConfigError(fmt::format(
+        "train.device: {}, but this process sees {} (cuda:0 to cuda:{}; CUDA_VISIBLE_DEVICES "
+        "numbers the GPUs it lists from 0)",
+        device, gpus_text(visible_gpus), visible_gpus - 1));
+  }
+  // Local ranks on this host: LOCAL_WORLD_SIZE or its like, else at least this one's index + 1.
+  const int local_ranks = std::max(local.world_size, local.index + 1);
+  const bool nccl = backend == "nccl" || backend == "auto";  // auto: NCCL on a GPU
+  const std::string nccl_name =
+      backend == "auto" ? "distributed.backend: auto (NCCL on GPUs)" : "distributed.backend: nccl";
+  if (nccl && fixed >= 0 && local_ranks > 1) {
+    throw ConfigError(fmt::format(
+        "train.device: {} puts all {} local ranks on this host ({}) on one GPU, and {} needs a "
+        "GPU for each; use train.device: cuda (local rank mod GPUs) or distributed.backend: gloo",
+        device, local_ranks, local.source, nccl_name));
+  }
+  if (nccl && local_ranks > visible_gpus) {
+    throw ConfigError(fmt::format(
+        "{} needs a GPU for each process, but this host runs {} local ranks ({}) and this "
+        "process sees {}; run at most {} process(es) per host, make more GPUs visible "
+        "(CUDA_VISIBLE_DEVICES), or use distributed.backend: gloo",
+        nccl_name, local_ranks, local.source, gpus_text(visible_gpus), visible_gpus));
+  }
+  if (fixed >= 0) {
+    return {torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(fixed)),
+            fmt::format("train.device: {}, {}", device, gpus_text(visible_gpus))};
+  }
+  const int index = local.index % visible_gpus;
+  std::string why = local.source + ", " + gpus_text(visible_gpus);
+  if (index != local.index) {
+    why += fmt::format(": {} mod {} = {}", local.index, visible_gpus, index);
+  }
+  return {torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index)), why};
+}
+
+DeviceChoice resolve_device(const std::string& device, const std::string& backend,
+                            const cluster::LocalRank& local) {
+  const int gpus = device != "cpu" && torch::cuda::is_available()
+                       ? static_cast<int>(torch::cuda::device_count())
+                       : 0;
+  return choose_device(device, backend, local, gpus);
+}
+
+void activate_device(const torch::Device& device) {
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
 }
 
 std::string ThreadBudget::describe() const {
@@ -86,10 +166,57 @@ int configure_threads(int threads) {
   return apply_threads(plan_threads(threads, 1, util::usable_cores(), false, false));
 }
 
+std::string effective_precision(const std::string& precision, int cuda_major,
+                                bool cpu_native_bf16) {
+  const bool cuda = cuda_major > 0;
+  if (precision == "auto") {
+    if (cuda) return cuda_major >= 8 ? "bf16" : cuda_major == 7 ? "fp16" : "fp32";
+    return cpu_native_bf16 ? "bf16" : "fp32";
+  }
+  if (precision == "bf16" && cuda && cuda_major < 8) {
+    throw ConfigError(fmt::format(
+        "train.precision: bf16 needs a GPU of compute capability 8.0 or newer (A100, L4, H100), "
+        "and this one is {}.x, which has no bf16 arithmetic; use fp16 (autocast with loss "
+        "scaling, as Keras' mixed_float16) or auto, which picks fp16 here",
+        cuda_major));
+  }
+  if (precision == "fp16" && !cuda) {
+    throw ConfigError(
+        "train.precision: fp16 trains on CUDA GPUs only (LibTorch has no fp16 autocast for the "
+        "CPU); use bf16 on a CPU that computes it natively, or auto");
+  }
+  return precision;
+}
+
 std::string effective_precision(const std::string& precision, const torch::Device& device) {
-  if (precision != "auto") return precision;
-  if (device.is_cuda()) return cuda_supports_bf16(device) ? "bf16" : "fp32";
-  return util::cpu_features().native_bf16() ? "bf16" : "fp32";
+  if (device.is_cuda()) return effective_precision(precision, cuda_major(device), false);
+  return effective_precision(precision, 0, util::cpu_features().native_bf16());
+}
+
+std::string inference_precision(const std::string& saved, const torch::Device& device) {
+  if (saved == "fp16" && !device.is_cuda()) return "fp32";
+  return saved;
+}
+
+bool effective_deterministic(const std::string& deterministic, const torch::Device& device) {
+  if (deterministic == "auto") return !device.is_cuda();
+  return deterministic == "true";
+}
+
+void configure_kernels(const torch::Device& device, bool deterministic) {
+  if (!device.is_cuda()) return;
+  auto& ctx = at::globalContext();
+  if (deterministic) {
+    // cuBLAS is deterministic only with a fixed workspace; it reads this when its first handle
+    // is created, which is after this call (nothing has run on the GPU yet).
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    ctx.setDeterministicCuDNN(true);
+    ctx.setBenchmarkCuDNN(false);
+    ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  } else {
+    ctx.setDeterministicCuDNN(false);
+    ctx.setBenchmarkCuDNN(true);
+  }
 }
 
 std::pair<double, double> measure_bf16_cost() {
@@ -106,13 +233,16 @@ std::pair<double, double> measure_bf16_cost() {
   return {time(torch::kBFloat16), time(torch::kFloat)};
 }
 
-ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16) {
+ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16,
+                             const cluster::LocalRank& local) {
   const config::TrainSpec& train = spec.train;
   ModelSettings s;
   s.normalize = data::parse_normalize(spec.data.normalize);
-  s.device = resolve_device(train.device);
-  s.bf16 = effective_precision(train.precision, s.device) == "bf16";
+  s.device = resolve_device(train.device, spec.distributed.backend, local).device;
+  s.precision = effective_precision(train.precision, s.device);
+  s.deterministic = effective_deterministic(train.deterministic, s.device);
   s.channels_last = train.channels_last;
+  s.norm = data::norm_constants(s.normalize, s.device);
   if (warn_emulated_bf16 && train.precision == "bf16" && s.device.is_cpu() &&
       !util::cpu_features().native_bf16()) {
     const auto [bf16_s, fp32_s] = measure_bf16_cost();
@@ -154,14 +284,121 @@ model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, in
 
 torch::Tensor prepare_input(const torch::Tensor& images, const ModelSettings& settings) {
   return data::normalize_images(images.to(settings.device, /*non_blocking=*/true),
-                                settings.normalize, settings.channels_last);
+                                settings.normalize, settings.channels_last, settings.norm);
+}
+
+torch::Tensor prepare_labels(const torch::Tensor& labels, const ModelSettings& settings) {
+  return labels.to(settings.device, /*non_blocking=*/true);
+}
+
+struct StepTimer::Impl {
+  bool cuda = false;
+  std::vector<std::chrono::steady_clock::time_point> host;  // marks not yet paired
+#ifdef TRAINER_WITH_CUDA
+  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> events;
+#endif
+};
+
+StepTimer::StepTimer(const torch::Device& device) : impl_(std::make_unique<Impl>()) {
+#ifdef TRAINER_WITH_CUDA
+  impl_->cuda = device.is_cuda();
+#else
+  (void)device;
+#endif
+}
+
+StepTimer::~StepTimer() = default;
+
+void StepTimer::mark() {
+#ifdef TRAINER_WITH_CUDA
+  if (impl_->cuda) {
+    impl_->events.push_back(std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault));
+    impl_->events.back()->record();
+    return;
+  }
+#endif
+  impl_->host.push_back(std::chrono::steady_clock::now());
+}
+
+std::vector<double> StepTimer::intervals() {
+  std::vector<double> out;
+#ifdef TRAINER_WITH_CUDA
+  if (impl_->cuda) {
+    auto& e = impl_->events;
+    for (size_t i = 1; i < e.size(); ++i) out.push_back(e[i - 1]->elapsed_time(*e[i]) / 1000.0);
+    if (!e.empty()) e.erase(e.begin(), e.end() - 1);  // the last mark starts the next interval
+    return out;
+  }
+#endif
+  auto& h = impl_->host;
+  for (size_t i = 1; i < h.size(); ++i) {
+    out.push_back(std::chrono::duration<double>(h[i] - h[i - 1]).count());
+  }
+  if (!h.empty()) h.erase(h.begin(), h.end() - 1);
+  return out;
+}
+
+void StepTimer::reset() {
+  impl_->host.clear();
+#ifdef TRAINER_WITH_CUDA
+  impl_->events.clear();
+#endif
+}
+
+std::function<bool()> ready_probe(const torch::Device& device) {
+  return util::device_ready_probe(device);
+}
+
+StepSyncCheck::StepSyncCheck(const torch::Device& device) {
+  const char* env = std::getenv("TRAINER_CUDA_SYNC_DEBUG");
+  const std::string mode = env == nullptr ? "" : env;
+  if (mode.empty()) return;
+  if (mode != "warn" && mode != "error") {
+    throw ConfigError("TRAINER_CUDA_SYNC_DEBUG: expected warn or error, got '" + mode + "'");
+  }
+  if (!device.is_cuda()) return;
+#ifdef TRAINER_WITH_CUDA
+  mode_ = static_cast<int>(mode == "error" ? c10::cuda::SyncDebugMode::L_ERROR
+                                           : c10::cuda::SyncDebugMode::L_WARN);
+  spdlog::info("TRAINER_CUDA_SYNC_DEBUG={}: from the second step on, a host synchronisation "
+               "inside a step {}",
+               mode, mode == "error" ? "fails the run" : "warns");
+#endif
+}
+
+void StepSyncCheck::begin_step() {
+  if (mode_ == 0 || steps_++ == 0) return;
+#ifdef TRAINER_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(mode_));
+#endif
+}
+
+void StepSyncCheck::end_step() {
+  if (mode_ == 0) return;
+#ifdef TRAINER_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
+}
+
+HostSyncAllowed::HostSyncAllowed() {
+#ifdef TRAINER_WITH_CUDA
+  saved_ = static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
+}
+
+HostSyncAllowed::~HostSyncAllowed() {
+#ifdef TRAINER_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(saved_));
+#endif
 }
 
 torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,
                              const ModelSettings& settings) {
   torch::Tensor logits;
   {
-    compat::AutocastGuard autocast(settings.bf16, settings.device);
+    compat::AutocastGuard autocast(settings.autocast(), settings.device,
+                                   settings.autocast_dtype());
     logits = net->forward(input);
   }
   return logits.to(torch::kFloat);

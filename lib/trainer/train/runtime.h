@@ -5,19 +5,43 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "trainer/cluster/local_rank.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
 #include "trainer/model/resnet.h"
 
 namespace trainer::train {
 
-// auto = CUDA when LibTorch sees a GPU, else CPU. Throws ConfigError when cuda is asked for and
-// none is available.
-torch::Device resolve_device(const std::string& device);
+// The device this process runs on, and why (for the log and inspect).
+struct DeviceChoice {
+  torch::Device device = torch::kCPU;
+  std::string why;  // "LOCAL_RANK=1 of LOCAL_WORLD_SIZE=2, 2 visible GPUs"
+};
+
+// train.device for the process at `local` on a host where it sees `visible_gpus` GPUs (CUDA has
+// applied CUDA_VISIBLE_DEVICES): cpu = the CPU; auto = cuda when a GPU is visible, else the CPU;
+// cuda = GPU local.index mod visible_gpus; cuda:N = GPU N. `backend` is distributed.backend:
+// NCCL (nccl, or auto on a GPU) needs a GPU of its own for every local rank. Pure. Throws
+// ConfigError (exit 2) for cuda or cuda:N without a GPU, cuda:N with N >= visible_gpus, and, under
+// NCCL, more local ranks than GPUs or several local ranks on one cuda:N; each names the numbers.
+DeviceChoice choose_device(const std::string& device, const std::string& backend,
+                           const cluster::LocalRank& local, int visible_gpus);
+
+// choose_device with the GPUs this LibTorch sees (torch::cuda::device_count(); none is asked
+// for train.device: cpu).
+DeviceChoice resolve_device(const std::string& device, const std::string& backend,
+                            const cluster::LocalRank& local);
+
+// Makes `device` the current CUDA device (c10::cuda::set_device) in CUDA builds, so that later
+// CUDA work, NCCL's communicator included, runs there and no other GPU gets a context. Call it
+// right after resolve_device, before any CUDA work. A no-op for the CPU and in CPU builds.
+void activate_device(const torch::Device& device);
 
 // How this process spends the cores it may use (its CPU affinity mask), decided once from
 // train.threads and data.num_workers (0 = auto) and logged once:
@@ -52,9 +76,29 @@ int apply_threads(const ThreadBudget& budget);
 // force (evaluate, predict).
 int configure_threads(int threads);
 
-// train.precision resolved for this device and CPU: "fp32" or "bf16" (auto = bf16 where it is
-// computed natively: a CPU with AVX512_BF16 or AMX-BF16, a CUDA GPU of compute capability 8+).
+// train.precision resolved for this device and CPU: "fp32", "bf16" or "fp16". auto = bf16 where
+// it is computed natively (a CPU with AVX512_BF16 or AMX-BF16, a CUDA GPU of compute capability
+// 8+), fp16 on GPUs of compute capability 7.x (V100, T4: tensor cores for fp16 only), else fp32.
+// Throws ConfigError for bf16 on a GPU older than sm80 and for fp16 on a CPU (neither computes
+// it: the message says why and what to use).
 std::string effective_precision(const std::string& precision, const torch::Device& device);
+
+// The same rule on plain facts, for tests: `cuda_major` is the GPU's compute capability major
+// (0 = the CPU), `cpu_native_bf16` whether the CPU computes bf16 natively.
+std::string effective_precision(const std::string& precision, int cuda_major,
+                                bool cpu_native_bf16);
+
+// The precision a saved model (model.json's `precision`) runs inference in on `device`: fp16
+// only on a GPU (CPUs have no fp16 autocast), else fp32; bf16 as saved.
+std::string inference_precision(const std::string& saved, const torch::Device& device);
+
+// train.deterministic resolved for the device: auto = on for CPU, off for CUDA.
+bool effective_deterministic(const std::string& deterministic, const torch::Device& device);
+
+// Sets LibTorch's process-wide kernel choice for `device`: deterministic = cuDNN deterministic,
+// benchmark mode off, deterministic algorithms (CUBLAS_WORKSPACE_CONFIG set when unset, as
+// cuBLAS requires); otherwise cuDNN benchmark mode on for CUDA. A no-op for the CPU.
+void configure_kernels(const torch::Device& device, bool deterministic);
 
 // Seconds of one bf16 and one fp32 convolution step (forward + backward of a 3x3 conv) on this
 // CPU, for the warning that bf16 is emulated here.
@@ -65,14 +109,26 @@ std::pair<double, double> measure_bf16_cost();
 struct ModelSettings {
   torch::Device device = torch::kCPU;
   bool channels_last = false;
-  bool bf16 = false;
+  std::string precision = "fp32";  // effective: fp32 | bf16 | fp16 (autocast dtype)
+  bool deterministic = true;       // effective train.deterministic
   data::Normalize normalize = data::Normalize::kImagenet;
+  // The normalisation constants on `device`, made once (model_settings, or the first
+  // prepare_input on a settings object that lacks them).
+  data::NormConstants norm;
+
+  bool autocast() const { return precision != "fp32"; }
+  c10::ScalarType autocast_dtype() const {
+    return precision == "fp16" ? c10::ScalarType::Half : c10::ScalarType::BFloat16;
+  }
+  bool loss_scaling() const { return precision == "fp16"; }
 };
 
 // The device, effective precision and layout of spec.train, the normalisation of spec.data.
 // When bf16 is requested explicitly on a CPU that only emulates it, logs a warning with the
-// measured cost (warn_emulated_bf16).
-ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16 = true);
+// measured cost (warn_emulated_bf16). The device is resolve_device's for `local` (default: one
+// process).
+ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16 = true,
+                             const cluster::LocalRank& local = {});
 
 // Moves the model to the device (and channels_last memory format when asked).
 void place_model(model::ResNet& net, const ModelSettings& settings);
@@ -82,10 +138,69 @@ void place_model(model::ResNet& net, const ModelSettings& settings);
 model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed);
 
 // The model's input from a loader batch ([B, S, S, 3] uint8): moved to the model's device as
-// uint8, then normalised there into float32 in the model's memory format (normalize_images).
+// uint8 (asynchronously from pinned memory), then normalised there into float32 in the model's
+// memory format (normalize_images with settings.norm).
 torch::Tensor prepare_input(const torch::Tensor& images, const ModelSettings& settings);
 
-// Forward pass under bf16 autocast when settings.bf16; returns float32 logits.
+// Labels to the model's device (asynchronously from pinned memory).
+torch::Tensor prepare_labels(const torch::Tensor& labels, const ModelSettings& settings);
+
+// Step times measured where the work runs: CUDA events on the current stream for a GPU (the host
+// runs ahead of the GPU, so its clock says when work was queued, not done), the host's steady
+// clock for the CPU. mark() records a point; intervals() returns the seconds between
+// consecutive marks not yet returned (the first mark of all only starts the count). For a GPU,
+// call intervals() only after the marks are known to be complete (after a wait on the device).
+class StepTimer {
+ public:
+  explicit StepTimer(const torch::Device& device);
+  ~StepTimer();
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+  void mark();
+  std::vector<double> intervals();
+  void reset();  // forgets every mark
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether the work queued so far on the device's current stream has finished (always true for
+// the CPU); never blocks. Record-then-poll: ready_probe() records a point now and returns a
+// function that answers whether the device has reached it.
+std::function<bool()> ready_probe(const torch::Device& device);
+
+// TRAINER_CUDA_SYNC_DEBUG=warn|error (a check's knob, as torch.cuda.set_sync_debug_mode): on a
+// GPU, inside every training step after the first (warm-up allocates and may synchronise), each
+// host synchronisation that CUDA's sync-debug mode notices (a blocking copy, .item(), a stream
+// or device synchronize) warns or throws; outside the steps (validation, checkpoints) and inside
+// a HostSyncAllowed scope it is off. The constructor reads the variable: any value but warn or
+// error is a ConfigError; unset, on the CPU or in a CPU-only build every call is a no-op.
+class StepSyncCheck {
+ public:
+  explicit StepSyncCheck(const torch::Device& device);
+  void begin_step();
+  void end_step();
+
+ private:
+  int mode_ = 0;  // c10::cuda::SyncDebugMode
+  int64_t steps_ = 0;
+};
+
+// Scope in which a host synchronisation is intended (reading the metrics every
+// logging.every_steps, the fp16 scaler's overflow flag): sync-debug mode off, restored after.
+class HostSyncAllowed {
+ public:
+  HostSyncAllowed();
+  ~HostSyncAllowed();
+  HostSyncAllowed(const HostSyncAllowed&) = delete;
+  HostSyncAllowed& operator=(const HostSyncAllowed&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+// Forward pass under autocast (bf16 or fp16) when settings.autocast(); returns float32 logits.
 torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,
                              const ModelSettings& settings);
 

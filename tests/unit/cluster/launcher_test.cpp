@@ -168,6 +168,29 @@ TEST_CASE("plan_launch: chief at the base port, then the workers, one TF_CONFIG 
   CHECK(job.metrics_file() == std::filesystem::path("job") / "eval" / "metrics.jsonl");
 }
 
+TEST_CASE("plan_launch: the training tasks are local ranks 0..N-1 of N, as torchrun numbers them") {
+  LaunchOptions o;
+  o.args = {"--config", "c.yaml"};
+  o.workers = 2;
+  o.chief = true;
+  o.evaluator = true;
+  const auto tasks = plan_launch(o, {5000, 5001, 5002, 5003});
+  REQUIRE(tasks.size() == 4);
+  for (int i = 0; i < 3; ++i) {
+    INFO(tasks[static_cast<size_t>(i)].name());
+    CHECK(tasks[static_cast<size_t>(i)].local_rank == i);  // its rank
+    CHECK(tasks[static_cast<size_t>(i)].local_world_size == 3);
+    CHECK(parse_tf_config(tasks[static_cast<size_t>(i)].tf_config).rank == i);
+  }
+  CHECK(tasks[3].name() == "evaluator");
+  CHECK(tasks[3].local_rank == -1);  // outside the training world: no LOCAL_RANK
+  o.chief = false;
+  o.evaluator = false;
+  const auto workers = plan_launch(o, {6000, 6001});
+  CHECK(workers[1].local_rank == 1);
+  CHECK(workers[1].local_world_size == 2);
+}
+
 TEST_CASE("plan_launch: bad options are usage errors naming the option") {
   LaunchOptions o;
   o.args = {"--config", "c.yaml"};
@@ -283,6 +306,25 @@ TEST_CASE("run_launch: every process gets its own TF_CONFIG and the rest of the 
   }
   ::unsetenv("TF_CONFIG");
   ::unsetenv("LAUNCHER_TEST_VAR");
+}
+
+TEST_CASE("run_launch: every training process gets LOCAL_RANK and LOCAL_WORLD_SIZE") {
+  Capture out, err;
+  ::setenv("LOCAL_RANK", "7", 1);  // the launcher's own: replaced, never passed on
+  ::setenv("LOCAL_WORLD_SIZE", "8", 1);
+  auto o = sh_cluster(R"(echo "local=${LOCAL_RANK-unset}/${LOCAL_WORLD_SIZE-unset}")", 2, true, out,
+                      err);
+  o.evaluator = true;
+  o.base_port = 42000;  // nothing binds it: the stand-in only prints
+  const int code = run_launch(o);
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  REQUIRE(code == 0);
+  const std::string text = out.text();
+  CHECK_THAT(text, Contains("[chief] local=0/3\n"));
+  CHECK_THAT(text, Contains("[worker 0] local=1/3\n"));
+  CHECK_THAT(text, Contains("[worker 1] local=2/3\n"));
+  CHECK_THAT(text, Contains("[evaluator] local=unset/unset\n"));
 }
 
 TEST_CASE(

@@ -1,8 +1,13 @@
 // The thread budget (train.threads, data.num_workers: auto) and train.precision: auto.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
 #include "trainer/train/runtime.h"
 #include "trainer/util/cpu.h"
+#include "trainer/util/error.h"
 
 using trainer::train::effective_precision;
 using trainer::train::plan_threads;
@@ -45,6 +50,71 @@ TEST_CASE("train.precision: auto is bf16 exactly where the CPU computes bf16 nat
   CHECK(effective_precision("auto", torch::kCPU) == (native ? "bf16" : "fp32"));
   CHECK(effective_precision("fp32", torch::kCPU) == "fp32");
   CHECK(effective_precision("bf16", torch::kCPU) == "bf16");
+}
+
+TEST_CASE("train.precision on GPUs: auto picks bf16 on sm80+, fp16 on sm70/75, fp32 before",
+          "[runtime]") {
+  CHECK(effective_precision("auto", 9, false) == "bf16");  // H100
+  CHECK(effective_precision("auto", 8, false) == "bf16");  // A100, L4
+  CHECK(effective_precision("auto", 7, false) == "fp16");  // V100, T4: the tutorial's GPU
+  CHECK(effective_precision("auto", 6, false) == "fp32");  // P100
+  CHECK(effective_precision("fp16", 7, false) == "fp16");
+  CHECK(effective_precision("fp32", 7, true) == "fp32");
+  CHECK(effective_precision("bf16", 8, false) == "bf16");
+  // What no kernel computes is refused with the reason and the way out.
+  CHECK_THROWS_WITH(effective_precision("bf16", 7, true),
+                    Catch::Matchers::Contains("train.precision: bf16 needs a GPU of compute "
+                                              "capability 8.0") &&
+                        Catch::Matchers::Contains("this one is 7.x") &&
+                        Catch::Matchers::Contains("use fp16"));
+  CHECK_THROWS_AS(effective_precision("bf16", 7, true), trainer::ConfigError);
+  CHECK_THROWS_WITH(effective_precision("fp16", 0, true),
+                    Catch::Matchers::Contains("fp16 trains on CUDA GPUs only"));
+  CHECK_THROWS_AS(effective_precision("fp16", torch::kCPU), trainer::ConfigError);
+}
+
+TEST_CASE("inference precision and train.deterministic per device", "[runtime]") {
+  using trainer::train::effective_deterministic;
+  using trainer::train::inference_precision;
+  const torch::Device cuda(torch::kCUDA, 0);
+  CHECK(inference_precision("fp16", torch::kCPU) == "fp32");  // no fp16 autocast on CPUs
+  CHECK(inference_precision("fp16", cuda) == "fp16");
+  CHECK(inference_precision("bf16", torch::kCPU) == "bf16");
+  CHECK(effective_deterministic("auto", torch::kCPU));
+  CHECK_FALSE(effective_deterministic("auto", cuda));
+  CHECK(effective_deterministic("true", cuda));
+  CHECK_FALSE(effective_deterministic("false", torch::kCPU));
+}
+
+TEST_CASE("TRAINER_CUDA_SYNC_DEBUG: only warn or error", "[runtime]") {
+  ::setenv("TRAINER_CUDA_SYNC_DEBUG", "loud", 1);
+  CHECK_THROWS_WITH(trainer::train::StepSyncCheck(torch::kCPU),
+                    Catch::Matchers::Contains("TRAINER_CUDA_SYNC_DEBUG: expected warn or error, "
+                                              "got 'loud'"));
+  ::setenv("TRAINER_CUDA_SYNC_DEBUG", "error", 1);
+  trainer::train::StepSyncCheck on_cpu(torch::kCPU);  // the CPU has nothing to check
+  on_cpu.begin_step();
+  on_cpu.end_step();
+  ::unsetenv("TRAINER_CUDA_SYNC_DEBUG");
+}
+
+TEST_CASE("StepTimer on the CPU: the intervals between marks, each once", "[runtime]") {
+  trainer::train::StepTimer timer(torch::kCPU);
+  CHECK(timer.intervals().empty());
+  timer.mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  timer.mark();
+  timer.mark();
+  const std::vector<double> first = timer.intervals();
+  REQUIRE(first.size() == 2);
+  CHECK(first[0] >= 0.019);
+  CHECK(first[1] < first[0]);
+  timer.mark();
+  CHECK(timer.intervals().size() == 1);  // from the last mark of the previous read
+  timer.reset();
+  timer.mark();
+  CHECK(timer.intervals().empty());
+  CHECK(trainer::train::ready_probe(torch::kCPU)());
 }
 
 TEST_CASE("measure_bf16_cost times both precisions", "[runtime]") {
