@@ -21,13 +21,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-trainer::config::OptimizerSpec adam_spec() {
-  trainer::config::OptimizerSpec s;
-  s.name = "adam";
-  s.learning_rate = 1e-3;
-  return s;
-}
-
 // One training step of `net` on (x, y) in training mode (BatchNorm statistics move too).
 template <class Net>
 void train_step(Net& net, torch::optim::Optimizer& opt, const torch::Tensor& x,

@@ -21,13 +21,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-trainer::config::OptimizerSpec adam_spec() {
-  trainer::config::OptimizerSpec s;
-  s.name = "adam";
-  s.learning_rate = 1e-2;
-  return s;
-}
-
 // One step as the trainer's Stepper takes it with a scaler: scaled backward, unscale and check,
 // the optimizer step unless skipped. `poison` puts an inf into fc.weight's gradient first (an
 // fp16 overflow). Returns whether the optimizer stepped.

@@ -17,11 +17,20 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/job_spec.h"
 #include "trainer/model/safetensors.h"
 
 namespace trainer::train::testing {
 
 namespace fs = std::filesystem;
+
+// Adam at `learning_rate`, the optimizer of the tests that train a few steps.
+inline config::OptimizerSpec adam_spec(double learning_rate = 1e-3) {
+  config::OptimizerSpec s;
+  s.name = "adam";
+  s.learning_rate = learning_rate;
+  return s;
+}
 
 using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 
