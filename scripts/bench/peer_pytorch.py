@@ -2,7 +2,7 @@
 """PyTorch peer of the trainer for scripts/bench/vs_pytorch.sh (a benchmark, not a test).
 
 Trains torchvision's ResNet50 the way the trainer's benchmark job does: ImageFolder, Resize((S, S)),
-ToTensor, Normalize(ImageNet), DataLoader(batch_size=B, shuffle=True, num_workers=1,
+ToTensor, Normalize(ImageNet), DataLoader(batch_size=B, shuffle=True, num_workers=--workers (1),
 drop_last=True, persistent_workers=True), Adam lr 1e-3, cross-entropy, torch.set_num_threads(T),
 optionally channels_last (model and input) and bf16 autocast. Runs --steps steps, going round
 the data as often as needed, and prints ONE JSON line on stdout: medians over the steps after
@@ -23,7 +23,23 @@ DistributedSampler, the same per-process batch and threads) and prints one JSON 
 0's medians, images_per_sec over all processes and each rank's own record. The processes are
 this script again, started with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE in the environment.
 
-Run it with /usr/bin/python3 (Debian's python3-torch and python3-torchvision).
+--device cuda trains on the GPU the way PyTorch's users do there (scripts/gpu-check.sh, on the
+lent GPU machines with pip's PyTorch): DataLoader(num_workers=--workers, pin_memory=True), batches
+copied with non_blocking=True, bf16 autocast on CUDA, cuDNN benchmark mode on (as torchvision's
+reference training script, references/classification/train.py, unless it is asked for
+deterministic algorithms). loss.item() each step, as on CPU, ends each timed step on the host.
+
+--workers N sets the DataLoader's worker processes (default 1, as the trainer's benchmark job's
+data.num_workers: 1 on CPU; gpu-check.sh uses one per core).
+
+Besides the per-step medians the JSON line has "epochs": each epoch the run completed, with its
+steps, its wall time (from asking the DataLoader for the epoch's first batch to the end of its
+last step; the first epoch includes the warm-up) and images_per_sec over that time, which counts
+the time the DataLoader needs to refill at every epoch start and shows an input pipeline slower
+than the model even where its prefetch queue hides it from the median of the steps.
+
+Run it with /usr/bin/python3 (Debian's python3-torch and python3-torchvision) here, and with
+`python3` (pip's torch and torchvision) on the GPU machines.
 """
 import argparse
 import datetime
@@ -55,6 +71,9 @@ def parse_args():
                    help="train as N DistributedDataParallel processes over Gloo")
     p.add_argument("--timeout-s", type=float, default=1800,
                    help="--ddp: seconds before a stuck process group is given up")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the GPU, with pinned batches, non_blocking copies, cuDNN benchmark")
+    p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
     return p.parse_args()
 
 
@@ -76,6 +95,12 @@ def train(args, rank=0, world_size=1):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            sys.exit("peer_pytorch: --device cuda, but torch.cuda.is_available() is False")
+        torch.backends.cudnn.benchmark = True
     distributed = world_size > 1
     if distributed:
         import torch.distributed as dist
@@ -93,27 +118,30 @@ def train(args, rank=0, world_size=1):
         sampler = torch.utils.data.distributed.DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0, drop_last=True)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=args.batch, shuffle=sampler is None, sampler=sampler, num_workers=1,
-        drop_last=True, persistent_workers=True)
-    if len(loader) == 0:
+        dataset, batch_size=args.batch, shuffle=sampler is None, sampler=sampler,
+        num_workers=args.workers, drop_last=True, persistent_workers=True, pin_memory=cuda)
+    steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
         sys.exit(f"peer_pytorch: {len(dataset)} images in {args.data} make no batch of "
                  f"{args.batch} per process (x{world_size} processes)")
 
     model = torchvision.models.resnet50(num_classes=args.num_classes)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
+    model = model.to(device=device, memory_format=memory_format)
     model.train()
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)  # 25 MB buckets, as the trainer
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     records = []
+    epochs = []  # complete epochs: steps, wall time, images/s
     epoch = 0
     if sampler is not None:
         sampler.set_epoch(epoch)
     it = iter(loader)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     step_start = time.perf_counter()
+    epoch_start, epoch_steps = step_start, 0
     for step in range(args.steps):
         t_wait = time.perf_counter()
         try:
@@ -122,13 +150,18 @@ def train(args, rank=0, world_size=1):
             epoch += 1
             if sampler is not None:
                 sampler.set_epoch(epoch)
+            epoch_start, epoch_steps = t_wait, 0
             it = iter(loader)
             images, labels = next(it)
         data_wait = time.perf_counter() - t_wait
-        images = images.to(memory_format=memory_format)
+        if cuda:
+            images = images.to(device, non_blocking=True, memory_format=memory_format)
+            labels = labels.to(device, non_blocking=True)
+        else:
+            images = images.to(memory_format=memory_format)
         optimizer.zero_grad(set_to_none=True)
         if args.precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = model(images)
                 loss = F.cross_entropy(logits, labels)
         else:
@@ -138,6 +171,11 @@ def train(args, rank=0, world_size=1):
         optimizer.step()
         loss_v = loss.item()
         now = time.perf_counter()
+        epoch_steps += 1
+        if epoch_steps == steps_per_epoch:
+            epochs.append({"epoch": epoch + 1, "steps": epoch_steps, "time_s": now - epoch_start,
+                           "images_per_sec": epoch_steps * args.batch * world_size
+                           / (now - epoch_start)})
         ru_now = resource.getrusage(resource.RUSAGE_SELF)
         dt = now - step_start
         records.append({
@@ -171,13 +209,18 @@ def train(args, rank=0, world_size=1):
         "peak_rss_self_mib": self_kib / 1024.0,
         "peak_rss_children_mib": children_kib / 1024.0,
         "steps": len(records), "measured_steps": len(measured), "final_loss": records[-1]["loss"],
-        "rank": rank, "world_size": world_size,
+        "rank": rank, "world_size": world_size, "epochs": epochs,
         "config": {"image_size": args.image_size, "batch": args.batch, "threads": args.threads,
                    "precision": args.precision, "channels_last": args.channels_last,
-                   "num_images": len(dataset)},
+                   "num_images": len(dataset), "device": args.device, "workers": args.workers,
+                   "steps_per_epoch": steps_per_epoch},
         "allocator": "jemalloc" if "jemalloc" in os.environ.get("LD_PRELOAD", "") else "glibc",
         "torch": torch.__version__,
     })
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(device)
+        out["max_memory_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        out["cudnn"] = torch.backends.cudnn.version()
     return out
 
 
@@ -221,6 +264,10 @@ def main():
     args = parse_args()
     if args.steps <= args.warmup:
         sys.exit(f"peer_pytorch: --steps {args.steps} leaves no step after {args.warmup} warm-up")
+    if args.workers < 1:
+        sys.exit(f"peer_pytorch: --workers {args.workers}: at least 1")
+    if args.ddp > 1 and args.device != "cpu":
+        sys.exit("peer_pytorch: --ddp trains on CPUs (over Gloo); leave out --device cuda")
     if args.ddp > 1 and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         result = train(args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     elif args.ddp > 1:
