@@ -68,7 +68,8 @@ P=$stage/prefix
 mkdir -p "$P/bin" "$P/include" "$P/lib/$arch" "$P/lib/stubs" "$P/share/trainer-carry" "$P/fallback-include"
 manifest=$P/share/trainer-carry/MANIFEST.txt
 
-# copy_usr PATH: /usr/X -> $P/X, a symlink as a symlink (Debian's are relative, within the dir).
+# copy_usr PATH: /usr/X -> $P/X, a symlink as a symlink (Debian's are relative, within the dir),
+# with its time stamps (so a build against an unpacked carry is not redone when it is repacked).
 copy_usr() {
   local src=$1 rel
   case $src in
@@ -76,7 +77,7 @@ copy_usr() {
     *) die "unexpected path outside /usr: $src" ;;
   esac
   mkdir -p "$P/$(dirname "$rel")"
-  cp -P "$src" "$P/$rel"
+  cp -a "$src" "$P/$rel"
 }
 
 # 1. Packages carried whole, less what the build must not pick up: protobuf's shared and lite
@@ -100,6 +101,7 @@ d=$(dirname "$(readlink -f "$0")")/..
 LD_LIBRARY_PATH="$d/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/protoc.bin" "$@"
 SH
 chmod +x "$P/bin/protoc"
+touch -r "$P/bin/protoc.bin" "$P/bin/protoc"  # the build's protoc rules depend on it
 
 # 2. zlib: the headers only. The library is the system's libz.so.1 (every Debian/Ubuntu has it);
 #    scripts/gpu-check.sh links libz.so in the unpacked prefix to it.
@@ -110,10 +112,10 @@ copy_usr /usr/include/zconf.h
 #    closure, stubs for the rest, and a CMake package file for just these modules.
 ocv=/usr/include/opencv4/opencv2
 mkdir -p "$P/include/opencv4/opencv2"
-cp -r "$ocv/core" "$ocv/imgproc" "$ocv/imgcodecs" "$P/include/opencv4/opencv2/"
-cp "$ocv/core.hpp" "$ocv/imgproc.hpp" "$ocv/imgcodecs.hpp" "$ocv/opencv_modules.hpp" \
+cp -a "$ocv/core" "$ocv/imgproc" "$ocv/imgcodecs" "$P/include/opencv4/opencv2/"
+cp -a "$ocv/core.hpp" "$ocv/imgproc.hpp" "$ocv/imgcodecs.hpp" "$ocv/opencv_modules.hpp" \
    "$P/include/opencv4/opencv2/"
-cp "/usr/include/$arch/opencv4/opencv2/cvconfig.h" "$P/include/opencv4/opencv2/"
+cp -a "/usr/include/$arch/opencv4/opencv2/cvconfig.h" "$P/include/opencv4/opencv2/"
 stubbed=(libgdal.so.32 libgdcmMSFF.so.3.0 libgdcmDSED.so.3.0 liblapack.so.3
          libblas.so.3 libGLX.so.0)
 echo "gpu-carry.sh: OpenCV's library closure and stubs for ${stubbed[*]}"
@@ -121,7 +123,7 @@ echo "gpu-carry.sh: OpenCV's library closure and stubs for ${stubbed[*]}"
   --stub "${stubbed[@]}" --roots libopencv_core.so.406 libopencv_imgproc.so.406 \
   libopencv_imgcodecs.so.406 | tee "$stage/stubs.txt"
 while IFS=$'\t' read -r soname path; do
-  cp "$path" "$P/lib/$arch/"
+  cp -a "$path" "$P/lib/$arch/"
   [[ $(basename "$path") == "$soname" ]] || ln -sf "$(basename "$path")" "$P/lib/$arch/$soname"
 done <"$stage/libs.txt"
 for m in core imgproc imgcodecs; do
@@ -175,8 +177,10 @@ else()
 endif()
 CMAKE
 
+touch -r "$ocv/core.hpp" "$P/lib/$arch/cmake/opencv4"/*.cmake
+
 # 4. Gloo's headers, a fallback for a LibTorch that ships none (gpu-check.sh decides).
-cp -r /usr/include/gloo "$P/fallback-include/"
+cp -a /usr/include/gloo "$P/fallback-include/"
 
 # 5. The smoke test: every carried codec through the carried OpenCV, with every stub loaded.
 cat >"$P/share/trainer-carry/smoke.cpp" <<'CPP'
