@@ -46,10 +46,10 @@ std::vector<std::vector<int>> split_cpus(const std::vector<int>& cpus, int proce
 
 // One process of the launched cluster.
 struct LaunchTask {
-  std::string type;          // "chief" | "worker"
-  int index = 0;             // index within its type
-  std::string address;       // host:port ("[::1]:port" for an IPv6 host)
-  std::string tf_config;     // the TF_CONFIG value this process gets
+  std::string type;       // "chief" | "worker"
+  int index = 0;          // index within its type
+  std::string address;    // host:port ("[::1]:port" for an IPv6 host)
+  std::string tf_config;  // the TF_CONFIG value this process gets
   // LOCAL_RANK and LOCAL_WORLD_SIZE, set as torchrun sets them: the training tasks (chief first)
   // are local ranks 0..N-1 of N; the evaluator gets neither (-1, 0).
   int local_rank = -1;

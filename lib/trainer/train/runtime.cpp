@@ -360,9 +360,10 @@ StepSyncCheck::StepSyncCheck(const torch::Device& device) {
 #ifdef TRAINER_WITH_CUDA
   mode_ = static_cast<int>(mode == "error" ? c10::cuda::SyncDebugMode::L_ERROR
                                            : c10::cuda::SyncDebugMode::L_WARN);
-  spdlog::info("TRAINER_CUDA_SYNC_DEBUG={}: from the second step on, a host synchronisation "
-               "inside a step {}",
-               mode, mode == "error" ? "fails the run" : "warns");
+  spdlog::info(
+      "TRAINER_CUDA_SYNC_DEBUG={}: from the second step on, a host synchronisation "
+      "inside a step {}",
+      mode, mode == "error" ? "fails the run" : "warns");
 #endif
 }
 
@@ -397,8 +398,7 @@ torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,
                              const ModelSettings& settings) {
   torch::Tensor logits;
   {
-    compat::AutocastGuard autocast(settings.autocast(), settings.device,
-                                   settings.autocast_dtype());
+    compat::AutocastGuard autocast(settings.autocast(), settings.device, settings.autocast_dtype());
     logits = net->forward(input);
   }
   return logits.to(torch::kFloat);

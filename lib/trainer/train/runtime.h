@@ -85,8 +85,7 @@ std::string effective_precision(const std::string& precision, const torch::Devic
 
 // The same rule on plain facts, for tests: `cuda_major` is the GPU's compute capability major
 // (0 = the CPU), `cpu_native_bf16` whether the CPU computes bf16 natively.
-std::string effective_precision(const std::string& precision, int cuda_major,
-                                bool cpu_native_bf16);
+std::string effective_precision(const std::string& precision, int cuda_major, bool cpu_native_bf16);
 
 // The precision a saved model (model.json's `precision`) runs inference in on `device`: fp16
 // only on a GPU (CPUs have no fp16 autocast), else fp32; bf16 as saved.
