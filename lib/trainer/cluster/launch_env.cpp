@@ -14,36 +14,9 @@ namespace {
 
 constexpr size_t kMaxHosts = 100000;
 
-std::string get(const Environment& env, const std::string& name) {
-  const auto it = env.find(name);
-  return it == env.end() ? "" : it->second;
-}
-
-// The first of `names` that is set (non-empty), or "".
-std::string first_of(const Environment& env, std::initializer_list<const char*> names,
-                     std::string* which = nullptr) {
-  for (const char* n : names) {
-    const std::string v = get(env, n);
-    if (!v.empty()) {
-      if (which != nullptr) *which = n;
-      return v;
-    }
-  }
-  return "";
-}
-
-// A non-negative decimal integer of at most 9 digits, or -1.
-long parse_count(const std::string& s) {
-  if (s.empty() || s.size() > 9 ||
-      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return -1;
-  }
-  return std::stol(s);
-}
-
 long require_int(const Environment& env, const std::string& source, const std::string& name,
                  long min, long max) {
-  const std::string v = get(env, name);
+  const std::string v = env_value(env, name);
   if (v.empty()) throw ConfigError(source + ": " + name + " is not set");
   const long n = parse_count(v);
   if (n < min || n > max) {
@@ -120,6 +93,31 @@ std::string address(const std::string& host, long port) {
 
 }  // namespace
 
+std::string env_value(const Environment& env, const std::string& name) {
+  const auto it = env.find(name);
+  return it == env.end() ? "" : it->second;
+}
+
+std::string first_set(const Environment& env, std::initializer_list<const char*> names,
+                      std::string* which) {
+  for (const char* n : names) {
+    const std::string v = env_value(env, n);
+    if (!v.empty()) {
+      if (which != nullptr) *which = n;
+      return v;
+    }
+  }
+  return "";
+}
+
+long parse_count(const std::string& s) {
+  if (s.empty() || s.size() > 9 ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stol(s);
+}
+
 Environment process_environment() {
   Environment env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -162,18 +160,18 @@ std::string tf_config_from_slurm(const Environment& env) {
   const long procid = require_int(env, "slurm", "SLURM_PROCID", 0, 999999);
   std::string ntasks_var = "SLURM_NTASKS";
   const std::string ntasks_s =
-      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}, &ntasks_var);
+      first_set(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}, &ntasks_var);
   if (ntasks_s.empty()) {
     throw ConfigError("slurm: SLURM_NTASKS is not set: run the trainer with srun inside the job");
   }
   const long ntasks = require_int(env, "slurm", ntasks_var, 1, 65536);
   std::string nodes_var;
   const std::string nodelist =
-      first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &nodes_var);
+      first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &nodes_var);
   if (nodelist.empty()) throw ConfigError("slurm: SLURM_JOB_NODELIST is not set");
   std::string tpn_var;
   const std::string tpn =
-      first_of(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &tpn_var);
+      first_set(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &tpn_var);
   if (tpn.empty()) throw ConfigError("slurm: SLURM_TASKS_PER_NODE is not set");
   const std::vector<std::string> nodes = expand_hostlist(nodelist, "slurm: " + nodes_var);
   const std::vector<int> counts = expand_tasks_per_node(tpn, "slurm: " + tpn_var);
@@ -192,13 +190,13 @@ std::string tf_config_from_slurm(const Environment& env) {
     throw ConfigError("slurm: SLURM_PROCID " + std::to_string(procid) + " is not below " +
                       ntasks_var + " " + std::to_string(ntasks));
   }
-  const std::string dist = get(env, "SLURM_DISTRIBUTION");
+  const std::string dist = env_value(env, "SLURM_DISTRIBUTION");
   if (dist.rfind("cyclic", 0) == 0 || dist.rfind("plane", 0) == 0) {
     throw ConfigError("slurm: SLURM_DISTRIBUTION is '" + dist +
                       "'; the trainer places tasks by block distribution: run srun with "
                       "--distribution=block");
   }
-  const std::string port_s = get(env, "MASTER_PORT");
+  const std::string port_s = env_value(env, "MASTER_PORT");
   const long base = port_s.empty() ? 2222 : require_int(env, "slurm", "MASTER_PORT", 1, 65535);
   const int most = *std::max_element(counts.begin(), counts.end());
   if (base + most - 1 > 65535) {
@@ -218,8 +216,8 @@ std::string tf_config_from_slurm(const Environment& env) {
       workers.push_back(address(nodes[n], base + j));
     }
   }
-  const std::string node_name = get(env, "SLURMD_NODENAME");
-  const std::string local_s = get(env, "SLURM_LOCALID");
+  const std::string node_name = env_value(env, "SLURMD_NODENAME");
+  const std::string local_s = env_value(env, "SLURM_LOCALID");
   if ((!node_name.empty() && node_name != own_node) ||
       (!local_s.empty() && parse_count(local_s) != own_local)) {
     throw ConfigError("slurm: task " + std::to_string(procid) + " runs on '" + node_name +
@@ -236,10 +234,10 @@ ClusterSpec cluster_from_torchrun(const Environment& env) {
   const long world = require_int(env, "torchrun", "WORLD_SIZE", 1, 65536);
   const long rank = require_int(env, "torchrun", "RANK", 0, world - 1);
   if (world == 1) return ClusterSpec{};
-  const std::string master = get(env, "MASTER_ADDR");
+  const std::string master = env_value(env, "MASTER_ADDR");
   if (master.empty()) throw ConfigError("torchrun: MASTER_ADDR is not set");
   // Under torchrun's static rendezvous the agent's own store holds MASTER_PORT.
-  const bool agent_store = get(env, "TORCHELASTIC_USE_AGENT_STORE") == "True";
+  const bool agent_store = env_value(env, "TORCHELASTIC_USE_AGENT_STORE") == "True";
   const long port = require_int(env, "torchrun", "MASTER_PORT", 1, agent_store ? 65534 : 65535) +
                     (agent_store ? 1 : 0);
   ClusterSpec spec;
@@ -258,18 +256,18 @@ ClusterSpec cluster_from_torchrun(const Environment& env) {
 }
 
 ClusterSpec cluster_from(const std::string& source, const Environment& env) {
-  if (source == "tf_config") return parse_tf_config(get(env, "TF_CONFIG"));
+  if (source == "tf_config") return parse_tf_config(env_value(env, "TF_CONFIG"));
   if (source == "slurm") return parse_tf_config(tf_config_from_slurm(env));
   if (source == "torchrun") return cluster_from_torchrun(env);
   if (source != "auto") {
     throw ConfigError("distributed.cluster: expected one of auto|tf_config|slurm|torchrun, got '" +
                       source + "'");
   }
-  const std::string tf_config = get(env, "TF_CONFIG");
+  const std::string tf_config = env_value(env, "TF_CONFIG");
   if (tf_config.find_first_not_of(" \t\r\n") != std::string::npos) {
     return parse_tf_config(tf_config);
   }
-  if (!get(env, "RANK").empty() && !get(env, "WORLD_SIZE").empty()) {
+  if (!env_value(env, "RANK").empty() && !env_value(env, "WORLD_SIZE").empty()) {
     return cluster_from_torchrun(env);
   }
   return ClusterSpec{};

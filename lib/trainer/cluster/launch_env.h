@@ -11,6 +11,7 @@
 //   tf_config TF_CONFIG only; slurm: SLURM's variables only; torchrun: torchrun's only.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +24,16 @@ using Environment = std::map<std::string, std::string>;
 
 // This process's environment.
 Environment process_environment();
+
+// The value of `name` in `env`, "" when unset.
+std::string env_value(const Environment& env, const std::string& name);
+
+// The first of `names` that is set (non-empty) in `env`, or ""; its name in *which when given.
+std::string first_set(const Environment& env, std::initializer_list<const char*> names,
+                      std::string* which = nullptr);
+
+// A non-negative decimal integer of at most 9 digits, or -1 (the launchers' counts and ranks).
+long parse_count(const std::string& s);
 
 // SLURM's hostlist syntax: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5 (zero
 // padding kept, several bracket groups in one name expanded left to right). Throws ConfigError

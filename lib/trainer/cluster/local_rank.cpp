@@ -12,18 +12,10 @@ namespace {
 
 constexpr int kMaxLocal = 65536;  // as WORLD_SIZE's bound in launch_env.cpp
 
-std::string get(const Environment& env, const std::string& name) {
-  const auto it = env.find(name);
-  return it == env.end() ? "" : it->second;
-}
-
 // The value of `name` as an integer of at least `min` (0: a rank, 1: a count) and at most
 // kMaxLocal. Throws ConfigError naming the variable and the value.
 int parse_int(const std::string& name, const std::string& value, int min) {
-  const bool digits =
-      !value.empty() && value.size() <= 9 &&
-      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
-  const long n = digits ? std::stol(value) : -1;
+  const long n = parse_count(value);
   if (n < min || n > kMaxLocal) {
     throw ConfigError(name + ": expected " +
                       (min == 0 ? "a non-negative integer" : "a positive integer") + " up to " +
@@ -40,26 +32,13 @@ void check_below(const std::string& rank_name, const std::string& rank_value, in
   }
 }
 
-// The first of `names` that is set (non-empty), or ""; its name in `which`.
-std::string first_of(const Environment& env, std::initializer_list<const char*> names,
-                     std::string& which) {
-  for (const char* n : names) {
-    const std::string v = get(env, n);
-    if (!v.empty()) {
-      which = n;
-      return v;
-    }
-  }
-  return "";
-}
-
 // How many tasks SLURM runs on this node: the step's (or job's) tasks per node, read for this
 // node (all nodes alike, or this node found by name in the node list), else
 // SLURM_NTASKS_PER_NODE; 0 when none of them says.
 int slurm_tasks_here(const Environment& env, std::string& what) {
   std::string tpn_var;
   const std::string tpn =
-      first_of(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, tpn_var);
+      first_set(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &tpn_var);
   if (!tpn.empty()) {
     const std::vector<int> counts = expand_tasks_per_node(tpn, "slurm: " + tpn_var);
     what = tpn_var + "=" + tpn;
@@ -68,8 +47,8 @@ int slurm_tasks_here(const Environment& env, std::string& what) {
     }
     std::string nodes_var;
     const std::string nodelist =
-        first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, nodes_var);
-    const std::string node = get(env, "SLURMD_NODENAME");
+        first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &nodes_var);
+    const std::string node = env_value(env, "SLURMD_NODENAME");
     if (!nodelist.empty() && !node.empty()) {
       const std::vector<std::string> nodes = expand_hostlist(nodelist, "slurm: " + nodes_var);
       const auto at = std::find(nodes.begin(), nodes.end(), node);
@@ -78,7 +57,7 @@ int slurm_tasks_here(const Environment& env, std::string& what) {
       }
     }
   }
-  const std::string per_node = get(env, "SLURM_NTASKS_PER_NODE");
+  const std::string per_node = env_value(env, "SLURM_NTASKS_PER_NODE");
   if (!per_node.empty()) {
     what = "SLURM_NTASKS_PER_NODE=" + per_node;
     return parse_int("SLURM_NTASKS_PER_NODE", per_node, 1);
@@ -100,12 +79,12 @@ std::string host_or_empty(const std::string& address) {
 
 LocalRank local_rank(const Environment& env, const ClusterSpec& cluster) {
   LocalRank out;
-  const std::string local_rank_s = get(env, "LOCAL_RANK");
+  const std::string local_rank_s = env_value(env, "LOCAL_RANK");
   if (!local_rank_s.empty()) {  // torchrun, trainer launch
     out.index = parse_int("LOCAL_RANK", local_rank_s, 0);
     out.world_size = 0;
     out.source = "LOCAL_RANK=" + local_rank_s;
-    const std::string size_s = get(env, "LOCAL_WORLD_SIZE");
+    const std::string size_s = env_value(env, "LOCAL_WORLD_SIZE");
     if (!size_s.empty()) {
       out.world_size = parse_int("LOCAL_WORLD_SIZE", size_s, 1);
       check_below("LOCAL_RANK", local_rank_s, out.index, "LOCAL_WORLD_SIZE '" + size_s + "'",
@@ -114,7 +93,7 @@ LocalRank local_rank(const Environment& env, const ClusterSpec& cluster) {
     }
     return out;
   }
-  const std::string slurm_local_s = get(env, "SLURM_LOCALID");
+  const std::string slurm_local_s = env_value(env, "SLURM_LOCALID");
   if (!slurm_local_s.empty()) {  // srun
     out.index = parse_int("SLURM_LOCALID", slurm_local_s, 0);
     std::string what;

@@ -2,7 +2,6 @@
 #include "trainer/config/job_spec.h"
 
 #include <algorithm>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
