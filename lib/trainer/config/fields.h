@@ -17,14 +17,9 @@
 
 namespace trainer::config::detail {
 
-// train.device: auto, cpu, cuda or cuda:N (N in 0..9999 without sign or leading zeros, as
-// torch::Device reads it).
+// train.device: auto, cpu, cuda or cuda:N (cuda_device_index).
 inline bool is_device_name(const std::string& d) {
-  if (d == "auto" || d == "cpu" || d == "cuda") return true;
-  if (d.rfind("cuda:", 0) != 0) return false;
-  const std::string n = d.substr(5);
-  return !n.empty() && n.size() <= 4 && (n == "0" || n[0] != '0') &&
-         n.find_first_not_of("0123456789") == std::string::npos;
+  return d == "auto" || d == "cpu" || d == "cuda" || cuda_device_index(d) >= 0;
 }
 
 struct NoChecks {

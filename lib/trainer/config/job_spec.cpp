@@ -242,6 +242,16 @@ std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ign
   return out;
 }
 
+int cuda_device_index(const std::string& device) {
+  if (device.rfind("cuda:", 0) != 0) return -1;
+  const std::string n = device.substr(5);
+  if (n.empty() || n.size() > 4 || (n.size() > 1 && n[0] == '0') ||
+      n.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  return std::stoi(n);
+}
+
 std::string field_reference() {
   const std::vector<detail::YamlRow> rows = detail::yaml_rows(JobSpec{});
   size_t column = 0;

@@ -202,6 +202,10 @@ std::vector<std::string> resumable_changes(const JobSpec& spec);
 // first_difference would ignore with the same prefixes.
 std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ignored_prefixes = {});
 
+// N of a train.device written "cuda:N" (N in 0..9999, no sign or leading zeros, as
+// torch::Device reads it), else -1.
+int cuda_device_index(const std::string& device);
+
 // Human-readable reference of every field with its default and comment (for --help / README).
 std::string field_reference();
 

@@ -137,7 +137,7 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
 nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
   const cluster::LocalRank local = cluster::local_rank(cluster::process_environment(), cluster);
   const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
-  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/false, local);
+  const ModelSettings settings = model_settings(spec, device.device, /*warn_emulated_bf16=*/false);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   const util::CpuFeatures cpu = util::cpu_features();
   const util::AllocatorInfo alloc = util::allocator_info();
@@ -284,7 +284,7 @@ int run_train(const TrainOptions& options) {
   const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
   activate_device(device.device);
   spdlog::info("device {} ({})", device.device.str(), device.why);
-  const ModelSettings settings = model_settings(spec, /*warn_emulated_bf16=*/true, local);
+  const ModelSettings settings = model_settings(spec, device.device);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   apply_threads(budget);
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);

@@ -42,22 +42,11 @@ namespace {
 
 std::string gpus_text(int n) { return fmt::format("{} visible GPU{}", n, n == 1 ? "" : "s"); }
 
-// N of "cuda:N" (0..9999, no sign or leading zeros), else -1.
-int cuda_index(const std::string& device) {
-  if (device.rfind("cuda:", 0) != 0) return -1;
-  const std::string n = device.substr(5);
-  if (n.empty() || n.size() > 4 || (n.size() > 1 && n[0] == '0') ||
-      n.find_first_not_of("0123456789") != std::string::npos) {
-    return -1;
-  }
-  return std::stoi(n);
-}
-
 }  // namespace
 
 DeviceChoice choose_device(const std::string& device, const std::string& backend,
                            const cluster::LocalRank& local, int visible_gpus) {
-  const int fixed = cuda_index(device);
+  const int fixed = config::cuda_device_index(device);
   if (device != "auto" && device != "cpu" && device != "cuda" && fixed < 0) {
     throw ConfigError("train.device: expected auto, cpu, cuda or cuda:N, got '" + device + "'");
   }
@@ -233,12 +222,12 @@ std::pair<double, double> measure_bf16_cost() {
   return {time(torch::kBFloat16), time(torch::kFloat)};
 }
 
-ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16,
-                             const cluster::LocalRank& local) {
+ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& device,
+                             bool warn_emulated_bf16) {
   const config::TrainSpec& train = spec.train;
   ModelSettings s;
   s.normalize = data::parse_normalize(spec.data.normalize);
-  s.device = resolve_device(train.device, spec.distributed.backend, local).device;
+  s.device = device;
   s.precision = effective_precision(train.precision, s.device);
   s.deterministic = effective_deterministic(train.deterministic, s.device);
   s.channels_last = train.channels_last;
@@ -343,10 +332,6 @@ void StepTimer::reset() {
 #ifdef TRAINER_WITH_CUDA
   impl_->events.clear();
 #endif
-}
-
-std::function<bool()> ready_probe(const torch::Device& device) {
-  return util::device_ready_probe(device);
 }
 
 StepSyncCheck::StepSyncCheck(const torch::Device& device) {

@@ -5,7 +5,6 @@
 
 #include <torch/torch.h>
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -124,10 +123,9 @@ struct ModelSettings {
 
 // The device, effective precision and layout of spec.train, the normalisation of spec.data.
 // When bf16 is requested explicitly on a CPU that only emulates it, logs a warning with the
-// measured cost (warn_emulated_bf16). The device is resolve_device's for `local` (default: one
-// process).
-ModelSettings model_settings(const config::JobSpec& spec, bool warn_emulated_bf16 = true,
-                             const cluster::LocalRank& local = {});
+// measured cost (warn_emulated_bf16). `device` is resolve_device's choice.
+ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& device,
+                             bool warn_emulated_bf16 = true);
 
 // Moves the model to the device (and channels_last memory format when asked).
 void place_model(model::ResNet& net, const ModelSettings& settings);
@@ -163,11 +161,6 @@ class StepTimer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Whether the work queued so far on the device's current stream has finished (always true for
-// the CPU); never blocks. Record-then-poll: ready_probe() records a point now and returns a
-// function that answers whether the device has reached it.
-std::function<bool()> ready_probe(const torch::Device& device);
 
 // TRAINER_CUDA_SYNC_DEBUG=warn|error (a check's knob, as torch.cuda.set_sync_debug_mode): on a
 // GPU, inside every training step after the first (warm-up allocates and may synchronise), each

@@ -45,7 +45,9 @@ class Evaluator {
  public:
   Evaluator(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
             const cluster::JobDir& job_dir)
-      : job_dir_(job_dir), settings_(model_settings(spec)) {
+      : job_dir_(job_dir),
+        settings_(model_settings(
+            spec, resolve_device(spec.train.device, spec.distributed.backend, {}).device)) {
     if (spec.data.validation.path.empty()) {
       throw ConfigError(
           "TF_CONFIG names this task evaluator, which evaluates every checkpoint on the "

@@ -20,6 +20,7 @@
 #include "trainer/train/optimizer.h"
 #include "trainer/train/runtime.h"
 #include "trainer/train/schedule.h"
+#include "trainer/util/device.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
@@ -333,7 +334,8 @@ class EpochMeter {
       values.push_back(p.result.loss_sum.reshape({1}));
       values.push_back(p.result.correct.to(torch::kDouble).reshape({1}));
     }
-    if (device_.is_cuda()) group_.wait_device("reading the step metrics", ready_probe(device_));
+    if (device_.is_cuda())
+      group_.wait_device("reading the step metrics", util::device_ready_probe(device_));
     torch::Tensor host;
     std::vector<double> dts;
     {

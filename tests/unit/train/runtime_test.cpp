@@ -7,6 +7,7 @@
 
 #include "trainer/train/runtime.h"
 #include "trainer/util/cpu.h"
+#include "trainer/util/device.h"
 #include "trainer/util/error.h"
 
 using trainer::train::effective_precision;
@@ -114,7 +115,7 @@ TEST_CASE("StepTimer on the CPU: the intervals between marks, each once", "[runt
   timer.reset();
   timer.mark();
   CHECK(timer.intervals().empty());
-  CHECK(trainer::train::ready_probe(torch::kCPU)());
+  CHECK(trainer::util::device_ready_probe(torch::kCPU)());
 }
 
 TEST_CASE("measure_bf16_cost times both precisions", "[runtime]") {
