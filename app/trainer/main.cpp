@@ -20,6 +20,7 @@
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
+#include "trainer/util/open_files.h"
 #include "trainer/util/signals.h"
 
 namespace {
@@ -226,8 +227,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  trainer::util::configure_allocator();  // before any large allocation
-  trainer::util::ignore_sigpipe();       // a dead peer's socket is an error, not a kill
+  trainer::util::configure_allocator();    // before any large allocation
+  trainer::util::ignore_sigpipe();         // a dead peer's socket is an error, not a kill
+  trainer::util::raise_open_file_limit();  // a socket per peer: hundreds of tasks need more
   try {
     return run(argc, argv);
   } catch (...) {

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,44 +34,70 @@ std::string plain_message(const std::exception& e);      // one line, no C++ bac
 
 // Set by the chief in the rendezvous store once every rank has joined (so it exists afterwards).
 inline constexpr const char* kReadyKey = "trainer/ready";
+// The ranks the chief has not heard from ("<rank> <seconds>\n" each); set before kReadyKey.
+inline constexpr const char* kSilentKey = "trainer/silent";
 
 // The timeout of the control connection (heartbeats, failure reports): the longest a failure path
 // waits on the store, so that a chief whose host vanished cannot hold a rank on its way out.
 inline constexpr std::chrono::milliseconds kControlTimeout{5000};
+
+// How many connections the chief reads heartbeats over: one per 128 other ranks, at most 16.
+inline int watch_clients(int world_size) {
+  return std::max(1, std::min(16, (world_size - 1 + 127) / 128));
+}
 
 }  // namespace detail
 
 struct ProcessGroup::Impl {
   DistOptions opts;
   std::string backend_name;
-  c10::intrusive_ptr<c10d::Store> store;     // rendezvous; Gloo's and NCCL's set-up use it
-  c10::intrusive_ptr<c10d::Store> control;   // a second connection to the same store, with
-                                             // kControlTimeout: heartbeats and failure reports
-                                             // (never changes `store`'s timeout)
+  c10::intrusive_ptr<c10d::Store> store;    // rendezvous; Gloo's and NCCL's set-up use it
+  c10::intrusive_ptr<c10d::Store> control;  // a second connection to the same store, with
+                                            // kControlTimeout: heartbeats and failure reports
+                                            // (never changes `store`'s timeout)
+  // The chief's further connections for reading heartbeats in parallel (one per 128 ranks
+  // beyond the first 128, at most 15), used only by watch().
+  std::vector<c10::intrusive_ptr<c10d::Store>> watchers;
   c10::intrusive_ptr<compat::Backend> cpu;   // Gloo: CPU tensors and every small collective
   c10::intrusive_ptr<compat::Backend> cuda;  // NCCL for CUDA tensors; null = Gloo carries them
 
   std::mutex mutex;        // serialises launches: c10d numbers collectives by call order
   std::mutex store_mutex;  // serialises the use of `control`
-  std::string failure;     // the first failure; once set, every call is refused
+  // A request on `control` (or a watcher) failed: a reply may still be on its way and would be
+  // read as the answer to the next request, so the next heartbeat opens new connections.
+  std::atomic<bool> control_broken{false};
+  std::string failure;  // the first failure; once set, every call is refused
   std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
 
-  // Heartbeats: every rank counts up its key in the store each kHeartbeat and watches the
-  // others' counters, so that a collective that times out can name the peer that went silent
-  // (its process, host or link gone) instead of "a peer". Guarded by heartbeat_mutex.
+  // Liveness, in O(N) store operations per second for the whole group: every rank but the chief
+  // counts up its own key each kHeartbeat (one operation); the chief, whose process hosts the
+  // store, reads every counter once per kHeartbeat and publishes the ranks not heard from for
+  // kSilentAfter in one key, only when that set changes. The others read that key only while a
+  // collective has waited longer than a second (poll), and then fail it naming the silent tasks
+  // instead of waiting out distributed.timeout_s. Guarded by heartbeat_mutex.
   std::thread heartbeat;
   std::mutex heartbeat_mutex;
   std::condition_variable heartbeat_cv;
   bool heartbeat_stop = false;
-  std::vector<int64_t> beats;                    // the last counter seen per rank
-  std::vector<detail::Clock::time_point> heard;  // when each rank's counter last moved
-  detail::Clock::time_point store_answered;      // the store's last answer
+  std::vector<int64_t> beats;                    // chief: the last counter seen per rank
+  std::vector<detail::Clock::time_point> heard;  // chief: when each rank's counter last moved
+  std::string published;                         // chief: the silent set last published
+  detail::Clock::time_point last_round;          // chief: the end of its last round
+  detail::Clock::time_point store_answered;      // the store's last answer to a heartbeat
+  // Not the chief: when this rank first read each rank in the published silent set.
+  std::map<int, detail::Clock::time_point> seen_silent;
+  std::vector<double> beat_ms;        // the round trips of this rank's recent heartbeats
+  std::atomic<int64_t> store_ops{0};  // requests this rank sent on `control` (ControlStats)
   void start_heartbeat();
   void stop_heartbeat();
-  void beat();  // one round: count up, read the others (store_mutex held inside)
+  void beat();   // one round: count up (a worker) or watch the others and publish (the chief)
+  void watch();  // the chief's round (store_mutex held)
+  // The silent ranks with how long each has been silent: the chief's own view, or on the others
+  // the published set (one store read); the store itself out of reach is rank 0's silence.
+  std::vector<std::pair<int, int64_t>> silent_ranks();
   // "worker 1 (silent for 12 s)", the peers not heard from for kSilentAfter, or "" when none.
   std::string silent_peers();
-  bool is_silent(int rank);  // not heard from for kSilentAfter (false without heartbeats)
+  bool is_silent(int rank);  // the chief: not heard from for kSilentAfter (false elsewhere)
   std::string task(int rank) const;
 
   explicit Impl(const DistOptions& o);
@@ -100,9 +128,11 @@ struct ProcessGroup::Impl {
 
   // The one polling wait, for every backend: returns once ready() is true (asked with a backoff
   // from 50 us up to `max_sleep`, or at once when `wake` is notified); every kWaitSlice it checks
-  // for a stop signal (kStopGrace after one: Interrupted), every kPeerPoll for a failure another
-  // rank published (PeerFailed) and for an NCCL collective that failed; returns false once
-  // `limit` has passed without ready(). Before throwing, NCCL's communicators are aborted.
+  // for a stop signal (kStopGrace after one: Interrupted); once it has waited a second, every
+  // kPeerPoll for a failure another rank published (PeerFailed), for an NCCL collective that
+  // failed, and for peers the liveness check calls silent (DistributedError naming them);
+  // returns false once `limit` has passed without ready(). Before throwing, NCCL's communicators
+  // are aborted.
   struct Wake {
     std::mutex m;
     std::condition_variable cv;
@@ -124,6 +154,8 @@ struct ProcessGroup::Impl {
   // rendezvous.cpp
   void rendezvous();
   void announce(const std::string& chief);
+  void open_control();  // `control` and the chief's watchers; DistributedError when it cannot
+  c10::intrusive_ptr<c10d::Store> control_client() const;  // one more connection to the store
   void make_backends();
 };
 
@@ -131,6 +163,11 @@ template <class Launch>
 c10::intrusive_ptr<compat::Work> ProcessGroup::Impl::launch(const std::string& what, Launch&& f) {
   std::unique_lock<std::mutex> lock(mutex);
   check_usable_locked(what);
+  if (!cpu) {
+    throw Error(ErrorKind::kInternal, what + " on " + who() +
+                                          ": this process group has no mesh (DistOptions::mesh "
+                                          "is false): it carries no collectives");
+  }
   try {
     auto work = f();
     in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "trainer/dist/group_impl.h"
 #include "trainer/util/error.h"
 #include "trainer/util/memory.h"
+#include "trainer/util/open_files.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::dist {
@@ -63,12 +65,20 @@ using std::chrono::milliseconds;
 constexpr int64_t kChunkBytes = int64_t{64} << 20;  // flat buffers of all_reduce_sum/broadcast
 constexpr milliseconds kWaitSlice{200};             // how often a waiting rank checks signals
 constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, then give up
-constexpr milliseconds kPeerPoll{1000};  // how often a waiting rank looks for a peer's failure
+constexpr std::chrono::microseconds kCompareBackoff{200000};  // first_differing's polling, at most
+constexpr milliseconds kFirstPeerPoll{1000};  // a wait this long starts reading the store:
+constexpr milliseconds kPeerPoll{500};        // then this often, for peers' failures and silence
+constexpr std::chrono::microseconds kLongWaitSleep{50000};  // the longest pause after that
 
 // Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
-constexpr milliseconds kHeartbeat{1000};         // how often a rank counts up its heartbeat
+constexpr milliseconds kHeartbeat{1000};  // how often a rank counts up its heartbeat
+// How often the chief reads them all: a little less often than they beat, so that liveness stays
+// under 2 store operations per rank and second, and every round still sees most ranks move.
+constexpr milliseconds kWatchEvery{1250};
 constexpr std::chrono::seconds kSilentAfter{3};  // no heartbeat for this long: "silent"
+constexpr size_t kBeatSamples = 64;              // heartbeat round trips kept (ControlStats)
 std::string alive_key(int rank) { return "trainer/alive/" + std::to_string(rank); }
+using detail::kSilentKey;
 const char* const kFailedKey = "trainer/failed";  // the rank of the newest report
 std::string failure_key(int rank) { return "trainer/failure/" + std::to_string(rank); }
 std::string left_key(int rank) { return "trainer/left/" + std::to_string(rank); }
@@ -200,6 +210,7 @@ ProcessGroup::Impl::~Impl() {
     util::leak_on_purpose(cuda.release());
     util::leak_on_purpose(cpu.release());
     util::leak_on_purpose(control.release());
+    for (auto& w : watchers) util::leak_on_purpose(w.release());
     util::leak_on_purpose(store.release());
     return;
   }
@@ -216,7 +227,7 @@ std::string ProcessGroup::Impl::task(int rank) const {
 }
 
 void ProcessGroup::Impl::start_heartbeat() {
-  if (local() || !control) return;
+  if (local() || !control || heartbeat.joinable()) return;
   const auto now = Clock::now();
   beats.assign(opts.world_size, -1);
   heard.assign(opts.world_size, now);
@@ -227,7 +238,8 @@ void ProcessGroup::Impl::start_heartbeat() {
       lock.unlock();
       beat();
       lock.lock();
-      heartbeat_cv.wait_for(lock, kHeartbeat, [this] { return heartbeat_stop; });
+      heartbeat_cv.wait_for(lock, opts.rank == 0 ? kWatchEvery : kHeartbeat,
+                            [this] { return heartbeat_stop; });
     }
   });
 }
@@ -243,49 +255,159 @@ void ProcessGroup::Impl::stop_heartbeat() {
 }
 
 void ProcessGroup::Impl::beat() {
-  std::vector<int64_t> counts(opts.world_size, -1);
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
-    for (int r = 0; r < opts.world_size; ++r) {
-      counts[r] = control->add(alive_key(r), r == opts.rank ? 1 : 0);
+    if (control_broken) {  // new connections: the old ones may hold a late reply
+      control = control_client();
+      for (auto& w : watchers) w = control_client();
+      control_broken = false;
+    }
+    if (opts.rank == 0) {
+      watch();
+    } else {
+      const auto start = Clock::now();
+      ++store_ops;
+      control->add(alive_key(opts.rank), 1);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      std::lock_guard<std::mutex> hb(heartbeat_mutex);
+      if (beat_ms.size() >= kBeatSamples) beat_ms.erase(beat_ms.begin());
+      beat_ms.push_back(ms);
     }
   } catch (const std::exception& e) {
     spdlog::debug("heartbeat: the rendezvous store does not answer: {}", plain_message(e));
+    control_broken = true;
     return;
   }
-  const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(heartbeat_mutex);
-  store_answered = now;
-  for (int r = 0; r < opts.world_size; ++r) {
-    if (counts[r] != beats[r]) {
-      beats[r] = counts[r];
-      heard[r] = now;
+  store_answered = Clock::now();
+}
+
+namespace {
+
+// "3 12\n7 4\n": rank and seconds silent, one line per silent rank, as the chief published it.
+std::string silent_record(const std::vector<std::pair<int, int64_t>>& silent) {
+  std::string out;
+  for (const auto& [rank, seconds] : silent) {
+    out += std::to_string(rank) + " " + std::to_string(seconds) + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+void ProcessGroup::Impl::watch() {
+  // The counters are read over `watchers` connections at once (slices of the ranks): one client's
+  // round trips one after another would take about a second per thousand ranks.
+  std::vector<int64_t> counts(opts.world_size, -1);
+  const int clients = static_cast<int>(watchers.size()) + 1;
+  std::vector<std::exception_ptr> errors(clients);
+  const auto read_slice = [&](int k) {
+    c10d::Store& c = k == 0 ? *control : *watchers[k - 1];
+    try {
+      for (int r = 1 + k; r < opts.world_size; r += clients) counts[r] = c.add(alive_key(r), 0);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> slices;
+  for (int k = 1; k < clients; ++k) slices.emplace_back(read_slice, k);
+  read_slice(0);
+  for (auto& t : slices) t.join();
+  store_ops += opts.world_size - 1;
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  const auto now = Clock::now();
+  std::vector<std::pair<int, int64_t>> silent;
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mutex);
+    // No round for kSilentAfter: this process (or the store) was stalled, not necessarily the
+    // others. Their clocks start again rather than their silence being misjudged.
+    if (last_round != Clock::time_point{} && now - last_round >= kSilentAfter) {
+      std::fill(heard.begin(), heard.end(), now);
+    }
+    last_round = now;
+    for (int r = 1; r < opts.world_size; ++r) {
+      if (counts[r] != beats[r]) {
+        beats[r] = counts[r];
+        heard[r] = now;
+      } else if (now - heard[r] >= kSilentAfter) {
+        silent.emplace_back(
+            r, std::chrono::duration_cast<std::chrono::seconds>(now - heard[r]).count());
+      }
     }
   }
+  // Published only when the set of silent ranks changes, with the seconds of that moment.
+  std::string ranks;
+  for (const auto& entry : silent) ranks += std::to_string(entry.first) + ",";
+  if (ranks == published) return;
+  ++store_ops;
+  control->set(kSilentKey, bytes_of(silent_record(silent)));
+  published = ranks;
+  if (!silent.empty()) spdlog::warn("liveness: not heard from {}", silent_peers());
 }
 
 bool ProcessGroup::Impl::is_silent(int rank) {
-  if (local() || !heartbeat.joinable()) return false;
+  if (local() || !heartbeat.joinable() || opts.rank != 0) return false;
   std::lock_guard<std::mutex> lock(heartbeat_mutex);
-  return Clock::now() - heard[rank] >= kSilentAfter;
+  return rank > 0 && rank < opts.world_size && Clock::now() - heard[rank] >= kSilentAfter;
+}
+
+std::vector<std::pair<int, int64_t>> ProcessGroup::Impl::silent_ranks() {
+  std::vector<std::pair<int, int64_t>> out;
+  if (local() || !heartbeat.joinable()) return out;
+  const auto now = Clock::now();
+  const auto seconds = [&now](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::seconds>(now - t).count();
+  };
+  if (opts.rank == 0) {
+    std::lock_guard<std::mutex> lock(heartbeat_mutex);
+    for (int r = 1; r < opts.world_size; ++r) {
+      if (now - heard[r] >= kSilentAfter) out.emplace_back(r, seconds(heard[r]));
+    }
+    return out;
+  }
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mutex);
+    if (now - store_answered >= kSilentAfter) {  // the chief's store is out of reach
+      out.emplace_back(0, seconds(store_answered));
+      return out;
+    }
+  }
+  std::string record;
+  try {
+    std::lock_guard<std::mutex> lock(store_mutex);
+    ++store_ops;
+    record = string_of(control->get(kSilentKey));
+  } catch (const std::exception&) {
+    control_broken = true;
+    return out;  // the heartbeats will tell whether the store is gone
+  }
+  std::istringstream in(record);
+  std::map<int, Clock::time_point> still;
+  std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  for (int rank = 0, published_s = 0; in >> rank >> published_s;) {
+    if (rank <= 0 || rank >= opts.world_size || rank == opts.rank) continue;
+    const auto first = seen_silent.find(rank);
+    const auto since = first == seen_silent.end() ? now : first->second;
+    still[rank] = since;
+    out.emplace_back(rank, published_s + seconds(since));
+  }
+  seen_silent = std::move(still);
+  return out;
 }
 
 std::string ProcessGroup::Impl::silent_peers() {
-  if (local() || !heartbeat.joinable()) return "";
-  const auto now = Clock::now();
-  const auto silent_for = [&now](Clock::time_point t) {
-    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - t).count());
-  };
-  std::lock_guard<std::mutex> lock(heartbeat_mutex);
-  if (now - store_answered >= kSilentAfter) {  // the chief's store is out of reach
-    return task(0) + " (its rendezvous store at " +
-           detail::address(opts.chief_host, opts.chief_port) + " has not answered for " +
-           silent_for(store_answered) + " s)";
-  }
   std::string out;
-  for (int r = 0; r < opts.world_size; ++r) {
-    if (r == opts.rank || now - heard[r] < kSilentAfter) continue;
-    out += (out.empty() ? "" : ", ") + task(r) + " (silent for " + silent_for(heard[r]) + " s)";
+  for (const auto& [rank, seconds] : silent_ranks()) {
+    out += out.empty() ? "" : ", ";
+    if (rank == 0 && opts.rank != 0) {
+      out += task(0) + " (its rendezvous store at " +
+             detail::address(opts.chief_host, opts.chief_port) + " has not answered for " +
+             std::to_string(seconds) + " s)";
+    } else {
+      out += task(rank) + " (silent for " + std::to_string(seconds) + " s)";
+    }
   }
   return out;
 }
@@ -311,7 +433,9 @@ std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
   if (local() || !control) return std::nullopt;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
+    ++store_ops;
     if (!control->check({kFailedKey})) return std::nullopt;
+    store_ops += 3;
     const int rank = std::stoi(string_of(control->get(kFailedKey)));
     if (rank == opts.rank || !control->check({failure_key(rank)})) return std::nullopt;
     // "<kind>\n<task>\n<message>"
@@ -329,6 +453,7 @@ std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
     const bool named = message.compare(0, name.size(), name) == 0;
     return PeerFailed(kind, task + " failed: " + (named ? "" : name + ": ") + message);
   } catch (const std::exception&) {
+    control_broken = true;
     return std::nullopt;  // the chief (and its store) is gone too: nothing to learn
   }
 }
@@ -343,7 +468,9 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
           std::to_string(static_cast<int>(mine->kind)) + "\n" + mine->task + "\n" + mine->message;
       s.control->set(failure_key(s.opts.rank), bytes_of(record));
       s.control->set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
+      s.store_ops += 2;
     }
+    ++s.store_ops;
     s.control->set(left_key(s.opts.rank), bytes_of("1"));
   } catch (const std::exception& e) {
     spdlog::debug("could not report the failure to the other tasks: {}", plain_message(e));
@@ -362,6 +489,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
     if (others.empty()) return;
     try {
       std::lock_guard<std::mutex> lock(s.store_mutex);
+      ++s.store_ops;
       if (s.control->check(others)) return;
     } catch (const std::exception&) {
       return;
@@ -413,7 +541,7 @@ bool ProcessGroup::Impl::poll(const std::string& what, const std::function<bool(
                               milliseconds limit, std::chrono::microseconds max_sleep,
                               const std::shared_ptr<Wake>& wake) {
   const auto start = Clock::now();
-  auto next_poll = start + kPeerPoll;
+  auto next_poll = start + kFirstPeerPoll;
   auto next_slice = start + kWaitSlice;
   std::optional<Clock::time_point> stop_seen;
   std::chrono::microseconds sleep{50};
@@ -422,8 +550,10 @@ bool ProcessGroup::Impl::poll(const std::string& what, const std::function<bool(
       std::unique_lock<std::mutex> lock(wake->m);
       wake->cv.wait_for(lock, sleep, [&] { return wake->done; });
     }
-    sleep = std::min(max_sleep, sleep * 2);
     const auto now = Clock::now();
+    // Past a second the wait is long anyway: asking less often leaves the CPUs to the others.
+    sleep = std::min(now - start < kFirstPeerPoll ? max_sleep : std::max(max_sleep, kLongWaitSleep),
+                     sleep * 2);
     if (now < next_slice && now < next_poll) continue;
     next_slice = now + kWaitSlice;
     if (ready()) break;
@@ -439,6 +569,17 @@ bool ProcessGroup::Impl::poll(const std::string& what, const std::function<bool(
       } catch (const std::exception& e) {
         abort_cuda();
         fail(what, e);
+      }
+      // A peer not heard from for kSilentAfter will not join: its process is frozen or its
+      // host or link is gone (a process that died is also seen by the mesh, sooner).
+      if (const std::string silent = silent_peers(); !silent.empty()) {
+        abort_cuda();
+        const std::string message = what + " on " + who() + ": not heard from " + silent +
+                                    ": its process, host or network link is gone (no heartbeat "
+                                    "for " +
+                                    std::to_string(kSilentAfter.count()) + " s)";
+        record_failure(message);
+        raise(message);
       }
     }
     if (util::stop_requested()) {
@@ -657,8 +798,43 @@ c10d::ReduceOp to_c10d(Reduce op) {
 
 }  // namespace
 
+int64_t open_files_needed(const DistOptions& o) {
+  constexpr int64_t kBase = 256;          // libraries, logs, data files, decode threads
+  constexpr int64_t kPerStoreClient = 4;  // LibTorch 1.13: two sockets and a pipe
+  const int64_t n = std::max(1, o.world_size);
+  int64_t need = kBase + 2 * kPerStoreClient;
+  if (o.mesh) need += (n - 1) + 1;  // Gloo: a socket per peer, and its listener
+  if (o.rank == 0) {
+    need += 2 * 2 * n + 1;  // the store: both connections of every task (2 sockets each)
+    need += 6 * (detail::watch_clients(o.world_size) - 1);  // the watchers: both ends
+  }
+  if (o.use_cuda) need += 64 + (o.rank == 0 ? n : 0);  // NCCL: rings, proxy; the bootstrap root
+  return need;
+}
+
+void check_open_files(const DistOptions& o, int64_t hard_limit) {
+  if (o.world_size <= 1) return;
+  const int64_t need = open_files_needed(o);
+  if (hard_limit >= need) return;
+  const std::string n = std::to_string(need);
+  throw ConfigError(
+      "open files: a job of " + std::to_string(o.world_size) + " training tasks needs about " + n +
+      " open files in " +
+      (o.rank == 0 ? "the chief's process (which hosts the store)" : "each process") +
+      " (a connection to each peer" + (o.rank == 0 ? " and the store's side of every task's" : "") +
+      "), but this process may open at most " + std::to_string(hard_limit) +
+      " (the hard limit RLIMIT_NOFILE, `ulimit -Hn`). Raise it where the trainer starts: `ulimit "
+      "-n " +
+      n +
+      "` in its shell (above the hard limit only as root, or with nofile in "
+      "/etc/security/limits.conf), `docker run --ulimit nofile=" +
+      n + ":" + n + "`, LimitNOFILE=" + n +
+      " in a systemd unit, or your scheduler's limit on open files");
+}
+
 std::unique_ptr<ProcessGroup> ProcessGroup::connect(const DistOptions& options) {
   validate(options);
+  check_open_files(options, util::raise_open_file_limit().hard);
   auto impl = std::make_shared<Impl>(options);
   if (!impl->local()) {
     try {
@@ -810,6 +986,92 @@ void ProcessGroup::barrier() {
   const std::string what = "barrier";
   auto work = impl_->launch(what, [&] { return impl_->cpu->barrier(c10d::BarrierOptions()); });
   impl_->wait(what, work, /*on_gloo=*/true);
+}
+
+ControlStats ProcessGroup::control_stats() const {
+  ControlStats out;
+  out.store_operations = impl_->store_ops.load();
+  std::lock_guard<std::mutex> lock(impl_->heartbeat_mutex);
+  out.heartbeat_ms = impl_->beat_ms;
+  return out;
+}
+
+// Keys under trainer/compare/<name>/: "text/<rank>" (the chief's, and each differing one),
+// "checked" and "differing" (counters), "verdict" (the chief's answer: "" or the rank).
+std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
+                                                        const std::string& text) {
+  Impl& s = *impl_;
+  if (s.local()) return std::nullopt;
+  const std::string what = "comparing " + name + " with the chief's";
+  const std::string prefix = "trainer/compare/" + name + "/";
+  const auto text_key = [&prefix](int rank) { return prefix + "text/" + std::to_string(rank); };
+  const int n = s.opts.world_size;
+  const int me = s.opts.rank;
+  // One store request, counted, under store_mutex.
+  const auto request = [&s](auto&& f) {
+    std::lock_guard<std::mutex> lock(s.store_mutex);
+    ++s.store_ops;
+    return f(*s.control);
+  };
+  const auto wait_until = [&](const std::function<bool()>& ready) {
+    auto wake = std::make_shared<Impl::Wake>();
+    if (!s.poll(what, ready, detail::to_ms(s.opts.timeout_s), kCompareBackoff, wake)) {
+      s.fail(what, std::runtime_error("timed out after " + seconds_text(s.opts.timeout_s) + " s"));
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.check_usable_locked(what);
+  }
+  try {
+    Difference d;
+    std::string verdict;
+    if (me == 0) {
+      d.chief = text;
+      request([&](c10d::Store& c) {
+        c.set(text_key(0), bytes_of(text));
+        return 0;
+      });
+      wait_until([&] {
+        return request([&](c10d::Store& c) { return c.add(prefix + "checked", 0); }) >= n - 1;
+      });
+      if (request([&](c10d::Store& c) { return c.add(prefix + "differing", 0); }) > 0) {
+        for (int r = 1; r < n && verdict.empty(); ++r) {  // only when one differs
+          if (request([&](c10d::Store& c) { return c.check({text_key(r)}); })) {
+            verdict = std::to_string(r);
+          }
+        }
+      }
+      request([&](c10d::Store& c) {
+        c.set(prefix + "verdict", bytes_of(verdict));
+        return 0;
+      });
+    } else {
+      wait_until([&] { return request([&](c10d::Store& c) { return c.check({text_key(0)}); }); });
+      d.chief = request([&](c10d::Store& c) { return string_of(c.get(text_key(0))); });
+      if (text != d.chief) {
+        request([&](c10d::Store& c) {
+          c.set(text_key(me), bytes_of(text));
+          return c.add(prefix + "differing", 1);
+        });
+        ++s.store_ops;
+      }
+      request([&](c10d::Store& c) { return c.add(prefix + "checked", 1); });
+      wait_until(
+          [&] { return request([&](c10d::Store& c) { return c.check({prefix + "verdict"}); }); });
+      verdict = request([&](c10d::Store& c) { return string_of(c.get(prefix + "verdict")); });
+    }
+    if (verdict.empty()) return std::nullopt;
+    d.rank = std::stoi(verdict);
+    d.theirs = d.rank == me
+                   ? text
+                   : request([&](c10d::Store& c) { return string_of(c.get(text_key(d.rank))); });
+    return d;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    s.fail(what, e);
+  }
 }
 
 }  // namespace trainer::dist

@@ -2,19 +2,22 @@
 // TCPStore on its own port) and the collectives the trainer needs, on plain tensors and values.
 // Gloo carries CPU tensors and every small collective; in CUDA builds NCCL carries CUDA tensors.
 // Heartbeats and failure reports use their own connection to the store (with a 5 s timeout), so
-// they never change the timeout of the connection Gloo's and NCCL's set-up use. One wait polls
-// for every backend (wait_device for work on a GPU).
-// Every failure (a peer lost, a timeout, an unreachable chief) is a trainer::DistributedError
-// that names the collective, so the program exits 4 instead of crashing or hanging; after a stop
-// signal (util::stop_requested) it is Interrupted instead, and a Gloo collective still waiting
-// 5 s after the signal is abandoned. When another rank failed and said why
-// (leave_after_failure), the failure is a PeerFailed with that rank's cause and kind instead, and
-// a Gloo collective waiting on that rank is abandoned within a second. A group that failed once
-// refuses every later call. With world_size 1 every call is a local no-op. Ownership: ProcessGroup
-// owns the store, the backends, their threads and sockets; an AsyncWork keeps what it needs alive.
-// Thread-safety: collectives must be called in the same order on every rank (that is how ranks
-// match them up); calls are serialised internally, so several threads may call, but then they must
-// agree on the order themselves. AsyncWork::wait may be called from any thread.
+// they never change the timeout of the connection Gloo's and NCCL's set-up use. Liveness costs
+// O(N) store operations per second in all: each rank writes its own heartbeat, the chief alone
+// reads them and publishes who is silent; a collective that has waited a second reads that and
+// fails naming a task not heard from for 3 s (its process frozen, its host or link gone). One wait
+// polls for every backend (wait_device for work on a GPU). Every failure (a peer lost, a timeout,
+// an unreachable chief) is a trainer::DistributedError that names the collective, so the program
+// exits 4 instead of crashing or hanging; after a stop signal (util::stop_requested) it is
+// Interrupted instead, and a Gloo collective still waiting 5 s after the signal is abandoned. When
+// another rank failed and said why (leave_after_failure), the failure is a PeerFailed with that
+// rank's cause and kind instead, and a Gloo collective waiting on that rank is abandoned within a
+// second. A group that failed once refuses every later call. With world_size 1 every call is a
+// local no-op. Ownership: ProcessGroup owns the store, the backends, their threads and sockets; an
+// AsyncWork keeps what it needs alive. Thread-safety: collectives must be called in the same order
+// on every rank (that is how ranks match them up); calls are serialised internally, so several
+// threads may call, but then they must agree on the order themselves. AsyncWork::wait may be called
+// from any thread.
 #pragma once
 
 #include <torch/torch.h>
@@ -43,12 +46,39 @@ struct DistOptions {
   double rendezvous_timeout_s = 900;  // distributed.rendezvous_timeout_s: wait for all to join
   double timeout_s = 1800;            // distributed.timeout_s: any one collective
   int threads = 0;                    // Gloo's worker threads (0 = c10d's default, 2)
+  // false: the control plane only (rendezvous, first_differing, liveness, failure reports) and
+  // no Gloo or NCCL mesh, so collectives are refused: for measuring the control plane at
+  // thousands of ranks on one host (scripts/bench/control_plane.sh), where meshes cannot fit.
+  bool mesh = true;
   // The task names in rank order ("chief", "worker 0", ...), for messages that name a peer;
   // empty = "rank N".
   std::vector<std::string> task_names;
 };
 
+// How many files a process of `options` needs open at once: Gloo's mesh (a socket per peer and a
+// listener), its two store connections (LibTorch 1.13's store client holds two sockets and a
+// pipe), on the chief the store's side of every task's connections, on a GPU NCCL's sockets, and
+// a base for libraries, logs, data files and decoding. An estimate on the safe side.
+int64_t open_files_needed(const DistOptions& options);
+
+// ConfigError (exit 2) when `hard_limit` (RLIMIT_NOFILE's hard limit, after the soft one was
+// raised to it) is below open_files_needed(options), naming both numbers and how to raise it.
+void check_open_files(const DistOptions& options, int64_t hard_limit);
+
 enum class Reduce { kSum, kMin, kMax };
+
+// What this rank's control plane has done so far (benchmarks, diagnostics).
+struct ControlStats {
+  int64_t store_operations = 0;      // requests sent on the control connection of the store
+  std::vector<double> heartbeat_ms;  // round trips of this rank's recent heartbeats (not the chief)
+};
+
+// first_differing's answer: the lowest rank whose text differs from the chief's.
+struct Difference {
+  int rank = 0;
+  std::string chief;   // the chief's text
+  std::string theirs;  // that rank's text
+};
 
 // What a rank whose run failed tells its peers (ProcessGroup::leave_after_failure).
 struct FailureReport {
@@ -77,7 +107,8 @@ class AsyncWork {
 
 class ProcessGroup {
  public:
-  // Validates the options (ConfigError naming the distributed.* field), then, for world_size > 1,
+  // Validates the options (ConfigError naming the distributed.* field) and the limit on open files
+  // (check_open_files, after raising the soft limit to the hard one), then, for world_size > 1,
   // meets the others: the chief listens on chief_port and waits until every rank has joined;
   // the others connect to chief_host:chief_port, retrying until rendezvous_timeout_s. Failing
   // that is a DistributedError naming "the chief at host:port" (on a worker) or the ranks that
@@ -124,6 +155,16 @@ class ProcessGroup {
   std::vector<std::string> all_gather_strings(const std::string& mine);
 
   void barrier();
+
+  // Compares every rank's `text` with the chief's through the rendezvous store, not a mesh: the
+  // chief's text is read once by each rank and only a differing text is written, so it costs
+  // O(1) store operations per rank however long the texts are (an all-gather moves N texts to
+  // each of N ranks). Returns the same on every rank: the lowest rank whose text differs, or
+  // nullopt. `name` tells comparisons apart (use each once per group). Waits as a collective
+  // does (distributed.timeout_s, peers' failures, silence, stop signals); a collective.
+  std::optional<Difference> first_differing(const std::string& name, const std::string& text);
+
+  ControlStats control_stats() const;
 
   // On the way out of a failed run, on every rank; never throws, a no-op with world_size 1.
   // Publishes `mine` (this rank's own failure, not one caused by a peer's) in the rendezvous

@@ -33,6 +33,7 @@ using detail::to_ms;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPoll{20};                    // rendezvous polling
+constexpr milliseconds kReadyPoll{250};              // a joined rank's polling, at most
 constexpr milliseconds kConnectAttempt{5000};        // one connection attempt to the chief
 constexpr milliseconds kProbeBackoff{1000};          // longest pause between probes
 constexpr std::chrono::seconds kReportEvery{30};     // "still waiting" log lines
@@ -178,6 +179,7 @@ void ProcessGroup::Impl::rendezvous() {
             "that stops half-way through a request can stall the store",
             opts.chief_port);
       }
+      open_control();
       announce(chief);
     } catch (const Error&) {
       throw;
@@ -216,6 +218,9 @@ void ProcessGroup::Impl::rendezvous() {
       }
       std::this_thread::sleep_for(kPoll);
     }
+    // Every rank has joined (and beats): the chief starts watching them, then lets them go.
+    store->set(detail::kSilentKey, {});
+    start_heartbeat();
     store->set(kReadyKey, std::vector<uint8_t>{'1'});
   } else {
     so.isServer = false;
@@ -253,7 +258,11 @@ void ProcessGroup::Impl::rendezvous() {
     try {
       store->setTimeout(std::max(
           milliseconds(1000), std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
+      open_control();
+      start_heartbeat();  // beating before it joins: the chief may watch it from then on
       announce(chief);
+      // Backing off to kReadyPoll: a thousand ranks polling every kPoll would flood the store.
+      auto pause = kPoll;
       while (!store->check({kReadyKey})) {
         check_stop("while waiting at the chief for the others to join");
         if (Clock::now() >= deadline) {
@@ -262,7 +271,8 @@ void ProcessGroup::Impl::rendezvous() {
                                  std::to_string(store->add(kJoinedKey, 0)) + " of " +
                                  std::to_string(opts.world_size) + " tasks joined within " + limit);
         }
-        std::this_thread::sleep_for(kPoll);
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kReadyPoll);
       }
     } catch (const Error&) {
       throw;
@@ -273,23 +283,33 @@ void ProcessGroup::Impl::rendezvous() {
     }
   }
   store->setTimeout(to_ms(opts.timeout_s));
-  // The control connection: heartbeats and failure reports, with their own short timeout, so
-  // that they never change the timeout of `store`, which Gloo's and NCCL's set-up use.
+  if (opts.mesh) make_backends();
+}
+
+// The control connection: heartbeats and failure reports, with their own short timeout, so that
+// they never change the timeout of `store`, which Gloo's and NCCL's set-up use.
+c10::intrusive_ptr<c10d::Store> ProcessGroup::Impl::control_client() const {
+  c10d::TCPStoreOptions co;
+  co.port = static_cast<std::uint16_t>(opts.chief_port);
+  co.isServer = false;
+  co.waitWorkers = false;
+  co.timeout = detail::kControlTimeout;
+  return c10::make_intrusive<c10d::TCPStore>(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
+}
+
+void ProcessGroup::Impl::open_control() {
   try {
-    c10d::TCPStoreOptions co;
-    co.port = static_cast<std::uint16_t>(opts.chief_port);
-    co.isServer = false;
-    co.waitWorkers = false;
-    co.timeout = detail::kControlTimeout;
-    control =
-        c10::make_intrusive<c10d::TCPStore>(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
+    control = control_client();
+    if (opts.rank == 0) {
+      const int clients = detail::watch_clients(opts.world_size);
+      for (int k = 1; k < clients; ++k) watchers.push_back(control_client());
+    }
   } catch (const std::exception& e) {
     throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
-                           " reached the chief's store at " + chief +
+                           " reached the chief's store at " +
+                           address(opts.chief_host, opts.chief_port) +
                            " but could not open a second connection to it: " + plain_message(e));
   }
-  make_backends();
-  start_heartbeat();
 }
 
 void ProcessGroup::Impl::make_backends() {

@@ -26,8 +26,9 @@ void agree(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster, const
 std::string job_description(const config::JobSpec& spec, const data::Listing& train,
                             const data::Listing* validation);
 
-// All-gathers job_description() and throws ConfigError on every rank when one differs from the
-// chief's, naming that task and the first line (field) that differs.
+// Compares every rank's job_description() with the chief's (through the rendezvous store, in
+// O(1) store operations per rank) and throws ConfigError on every rank when one differs, naming
+// the lowest such task and the first line (field) that differs.
 void verify_same_job(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
                      const std::string& description);
 
