@@ -42,6 +42,7 @@ constexpr int kMaxWorkers = 64;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;  // a longer line without '\n' is passed on in pieces
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);  // output after the last exit
+constexpr double kSettleS = 5;  // after an exit 4, the others' time to stop on their own
 
 std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -544,6 +545,18 @@ GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTas
   std::optional<size_t> first_failure;
   std::optional<Clock::time_point> kill_at;  // SIGKILL what still runs at this time
 
+  std::optional<Clock::time_point> term_at;  // SIGTERM what still runs at this time
+  auto stop_others = [&] {
+    term_at.reset();
+    for (auto& other : set.children) {
+      if ((other.running || other.streams_open()) && !other.asked_to_stop) {
+        other.signal_group(SIGTERM);
+        other.asked_to_stop = true;
+      }
+    }
+    kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(options.stop_grace_s));
+  };
   auto fail_first = [&](size_t i) {
     if (first_failure) return;
     first_failure = i;
@@ -553,18 +566,23 @@ GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTas
           "launch: {} stopped first (exit code {}) after the forwarded signal; "
           "stopping the others",
           c.task.name(), c.exit_code);
+    } else if (c.exit_code == exit_code(ErrorKind::kDistributed)) {
+      // A lost peer or a broken group: every other training process meets the same loss within
+      // seconds and stops with its own cause (which peer it lost); a SIGTERM first would turn
+      // that into "stopped by signal". Those that have not stopped by then are stopped.
+      const double settle = std::min(kSettleS, options.stop_grace_s);
+      spdlog::error(
+          "launch: {} failed first (exit code {}); stopping the others that have not stopped "
+          "on their own within {} s",
+          c.task.name(), c.exit_code, settle);
+      term_at = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(settle));
+      return;
     } else {
       spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
                     c.exit_code);
     }
-    for (auto& other : set.children) {
-      if ((other.running || other.streams_open()) && !other.asked_to_stop) {
-        other.signal_group(SIGTERM);
-        other.asked_to_stop = true;
-      }
-    }
-    kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(options.stop_grace_s));
+    stop_others();
   };
 
   set.children.reserve(tasks.size());
@@ -625,6 +643,7 @@ GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTas
         fail_first(i);
       }
     }
+    if (term_at && Clock::now() >= *term_at) stop_others();
     if (kill_at && Clock::now() >= *kill_at) {
       for (const auto& c : set.children) {
         if (c.running) {
@@ -662,6 +681,7 @@ GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTas
     }
     int timeout = 1000;
     if (kill_at) timeout = std::min(timeout, ms_until(*kill_at));
+    if (term_at) timeout = std::min(timeout, ms_until(*term_at));
     if (drain_until) timeout = std::min(timeout, ms_until(*drain_until));
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     if (ready < 0 && errno != EINTR) throw Error(ErrorKind::kInternal, sys_error("launch: poll"));

@@ -2,7 +2,8 @@
 // a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine (and
 // LOCAL_RANK, LOCAL_WORLD_SIZE as torchrun sets them, which pick each process's GPU), prefixes
 // every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "), forwards
-// SIGINT/SIGTERM to them, and when one fails stops the others and returns its exit code
+// SIGINT/SIGTERM to them, and when one fails stops the others (after an exit 4, once they have
+// had a few seconds to stop on their own with their own cause) and returns its exit code
 // (or, with --max-restarts, starts them all again).
 // POSIX only (fork/exec, pipes, poll, process groups). run_launch() owns the children it starts
 // and installs its own SIGINT/SIGTERM/SIGCHLD handlers for its duration: one launch at a time per
@@ -25,9 +26,11 @@ struct LaunchOptions {
   std::string host = "127.0.0.1";  // every task's host in TF_CONFIG
   std::string program;             // the binary to run; "" = this one (/proc/self/exe)
   std::vector<std::string> args;   // passed to every process (e.g. `--config c.yaml --job-dir d`)
-  double stop_grace_s = 10.0;      // after a failure: SIGTERM the others, SIGKILL them after this
-  int stdout_fd = 1;               // where the children's prefixed stdout lines go
-  int stderr_fd = 2;               // where the children's prefixed stderr lines go
+  // After a failure: SIGTERM the others, SIGKILL them after this. After an exit 4 (a peer or
+  // link lost, which the others meet too) they first get min(5 s, this) to stop on their own.
+  double stop_grace_s = 10.0;
+  int stdout_fd = 1;  // where the children's prefixed stdout lines go
+  int stderr_fd = 2;  // where the children's prefixed stderr lines go
   // Give each process its own slice of the CPUs this launcher may use (sched_setaffinity), so
   // that every process sizes its threads for its share instead of each taking every core. Only
   // when there are at least as many CPUs as processes; false = inherit the launcher's mask.
