@@ -133,6 +133,24 @@ class Background {
   Result result_;
 };
 
+// The pid of the child of `parent` whose TF_CONFIG names task worker `index` (trainer launch's
+// processes), or -1 (also once it has exited).
+inline pid_t launched_worker(pid_t parent, int index) {
+  const std::string want = "\"index\":" + std::to_string(index) + ",\"type\":\"worker\"";
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    long ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != parent) continue;
+    if (slurp(e.path() / "environ").find(want) != std::string::npos) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
 // A TF_CONFIG for `workers` workers (and a chief when `chief`) on 127.0.0.1 from `port` up.
 inline std::string tf_config(int workers, bool chief, int port, const std::string& type,
                              int index) {

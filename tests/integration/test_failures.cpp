@@ -104,30 +104,6 @@ TEST_CASE("the chief's failing checkpoint write stops every worker with its caus
   CHECK_FALSE(read_metrics(dir / "job" / "metrics.jsonl").empty());
 }
 
-namespace {
-
-// The pid of the child of `parent` whose TF_CONFIG names task worker `index` (trainer launch's
-// processes), or -1.
-pid_t launched_worker(pid_t parent, int index) {
-  const std::string want = "\"index\":" + std::to_string(index);
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string pid, comm, state;
-    long ppid = 0;
-    if (!(stat >> pid >> comm >> state >> ppid) || ppid != parent) continue;
-    std::string env = slurp(e.path() / "environ");
-    if (env.find("\"type\":\"worker\"") != std::string::npos &&
-        env.find(want) != std::string::npos) {
-      return static_cast<pid_t>(std::stoi(name));
-    }
-  }
-  return -1;
-}
-
-}  // namespace
-
 TEST_CASE("launch --max-restarts: a worker killed mid-epoch, and the job ends bit-identical",
           "[failures][launch]") {
   TempDir dir("max_restarts");

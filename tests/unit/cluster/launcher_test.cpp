@@ -390,6 +390,37 @@ TEST_CASE("run_launch: the first failure stops the others and its code is return
   CHECK(seconds_since(start) < 5);
 }
 
+TEST_CASE("run_launch: after an exit 4 the others stop on their own before any SIGTERM") {
+  Capture out, err;
+  LogCapture log;
+  // Worker 1 loses a peer first (exit 4); the others meet the same loss a moment later and exit
+  // 4 themselves. A SIGTERM before that would have them say got-signal and exit 7 instead.
+  auto o = sh_cluster("trap 'echo got-signal; exit 7' TERM; if " + is_task("worker", 1) +
+                          "; then exit 4; fi; i=0; while [ $i -lt 10 ]; do sleep 0.05; "
+                          "i=$((i+1)); done; echo own-cause; exit 4",
+                      2, true, out, err);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(run_launch(o) == 4);
+  CHECK(count_of(out.text(), "own-cause\n") == 2);
+  CHECK_THAT(out.text(), !Contains("got-signal"));
+  CHECK_THAT(log.text(), Contains("worker 1 failed first (exit code 4); stopping the others that "
+                                  "have not stopped on their own within 5 s"));
+  CHECK(seconds_since(start) < 5);
+}
+
+TEST_CASE("run_launch: after an exit 4, what has not stopped within 5 s gets SIGTERM") {
+  Capture out, err;
+  LogCapture log;
+  auto o = sh_cluster("trap 'echo got-signal; exit 7' TERM; if " + is_task("worker", 0) +
+                          "; then exit 4; fi; while :; do sleep 0.05; done",
+                      1, true, out, err);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(run_launch(o) == 4);
+  CHECK(count_of(out.text(), "got-signal\n") == 1);
+  CHECK(seconds_since(start) >= 5);
+  CHECK(seconds_since(start) < 10);
+}
+
 TEST_CASE("run_launch: SIGTERM and SIGINT to the launcher are forwarded to every process") {
   const int sig = GENERATE(SIGTERM, SIGINT);
   Capture out, err;
