@@ -997,7 +997,7 @@ ControlStats ProcessGroup::control_stats() const {
 }
 
 // Keys under trainer/compare/<name>/: "text/<rank>" (the chief's, and each differing one),
-// "checked" and "differing" (counters), "verdict" (the chief's answer: "" or the rank).
+// "checked", "differing" and "done" (counters), "verdict" (the chief's answer: "" or the rank).
 std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
                                                         const std::string& text) {
   Impl& s = *impl_;
@@ -1061,11 +1061,22 @@ std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
           [&] { return request([&](c10d::Store& c) { return c.check({prefix + "verdict"}); }); });
       verdict = request([&](c10d::Store& c) { return string_of(c.get(prefix + "verdict")); });
     }
+    if (!verdict.empty()) {
+      d.rank = std::stoi(verdict);
+      d.theirs = d.rank == me
+                     ? text
+                     : request([&](c10d::Store& c) { return string_of(c.get(text_key(d.rank))); });
+    }
+    // Like any collective, no rank leaves before every rank has its answer (the chief's process
+    // hosts the store the others read it from).
+    if (me == 0) {
+      wait_until([&] {
+        return request([&](c10d::Store& c) { return c.add(prefix + "done", 0); }) >= n - 1;
+      });
+    } else {
+      request([&](c10d::Store& c) { return c.add(prefix + "done", 1); });
+    }
     if (verdict.empty()) return std::nullopt;
-    d.rank = std::stoi(verdict);
-    d.theirs = d.rank == me
-                   ? text
-                   : request([&](c10d::Store& c) { return string_of(c.get(text_key(d.rank))); });
     return d;
   } catch (const Error&) {
     throw;

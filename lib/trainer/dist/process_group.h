@@ -161,7 +161,8 @@ class ProcessGroup {
   // O(1) store operations per rank however long the texts are (an all-gather moves N texts to
   // each of N ranks). Returns the same on every rank: the lowest rank whose text differs, or
   // nullopt. `name` tells comparisons apart (use each once per group). Waits as a collective
-  // does (distributed.timeout_s, peers' failures, silence, stop signals); a collective.
+  // does (distributed.timeout_s, peers' failures, silence, stop signals), and returns on no
+  // rank before every rank has its answer; a collective.
   std::optional<Difference> first_differing(const std::string& name, const std::string& text);
 
   ControlStats control_stats() const;
