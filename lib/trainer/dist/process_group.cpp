@@ -78,6 +78,8 @@ constexpr milliseconds kWatchEvery{1250};
 constexpr std::chrono::seconds kSilentAfter{3};  // no heartbeat for this long: "silent"
 constexpr size_t kBeatSamples = 64;              // heartbeat round trips kept (ControlStats)
 std::string alive_key(int rank) { return "trainer/alive/" + std::to_string(rank); }
+// Added to a rank's heartbeat counter when it leaves the group: it is gone, not silent.
+constexpr int64_t kLeftMark = int64_t{1} << 40;
 using detail::kSilentKey;
 const char* const kFailedKey = "trainer/failed";  // the rank of the newest report
 std::string failure_key(int rank) { return "trainer/failure/" + std::to_string(rank); }
@@ -204,6 +206,13 @@ ProcessGroup::Impl::Impl(const DistOptions& o) : opts(o), backend_name(resolve_b
 ProcessGroup::Impl::~Impl() {
   stop_heartbeat();
   bool leak = !failure.empty();
+  if (!leak && control && opts.rank != 0) {
+    try {  // left, not silent: the chief may go on (exporting) and must not call it silent
+      std::lock_guard<std::mutex> lock(store_mutex);
+      control->add(alive_key(opts.rank), kLeftMark);
+    } catch (const std::exception&) {
+    }
+  }
   for (auto& w : in_flight) leak = leak || !w->isCompleted();
   if (leak) {
     for (auto& w : in_flight) util::leak_on_purpose(w.release());
@@ -328,7 +337,7 @@ void ProcessGroup::Impl::watch() {
     }
     last_round = now;
     for (int r = 1; r < opts.world_size; ++r) {
-      if (counts[r] != beats[r]) {
+      if (counts[r] != beats[r] || counts[r] >= kLeftMark) {  // beating, or gone on purpose
         beats[r] = counts[r];
         heard[r] = now;
       } else if (now - heard[r] >= kSilentAfter) {
@@ -472,6 +481,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
     }
     ++s.store_ops;
     s.control->set(left_key(s.opts.rank), bytes_of("1"));
+    if (s.opts.rank != 0) s.control->add(alive_key(s.opts.rank), kLeftMark);
   } catch (const std::exception& e) {
     spdlog::debug("could not report the failure to the other tasks: {}", plain_message(e));
     return;

@@ -70,42 +70,30 @@ TEST_CASE("a group without a mesh refuses collectives, naming why", "[dist][cont
   for (const auto& e : errors) CHECK_THAT(e, Contains("barrier") && Contains("no mesh"));
 }
 
-TEST_CASE("liveness: a rank that stops beating is named by every waiting rank within seconds",
+TEST_CASE("liveness: a rank that left the group on purpose is not called silent",
           "[dist][control]") {
-  // Rank 2's group goes away (its heartbeats stop, its connections close) while ranks 0 and 1
-  // wait for something it never does: without a mesh only liveness can tell them. timeout_s is
-  // far off, so an answer within seconds is the liveness check's.
-  struct Out {
-    std::string error;
-    double waited = 0;
-  };
-  auto outs = run_ranks(
+  // Rank 2 is done and its group goes away (as a worker's does while the chief still exports);
+  // ranks 0 and 1 go on waiting well past the 3 s after which a rank that stopped beating
+  // without leaving is named (scripts/bench/control_plane.cpp and test_scale.cpp test that, with
+  // processes killed and frozen).
+  auto errors = run_ranks(
       3,
       [](int r, ProcessGroup& g) {
-        Out out;
-        if (r == 2) return out;  // leaves at once: its group is destroyed on return
+        if (r == 2) return std::string();
         const auto start = std::chrono::steady_clock::now();
+        std::string error;
         try {
-          g.wait_device("a step", [] { return false; });
-        } catch (const DistributedError& e) {
-          out.error = e.what();
+          g.wait_device("a step", [&] { return seconds_since(start) > 5; });
+        } catch (const std::exception& e) {
+          error = e.what();
         }
-        out.waited = seconds_since(start);
-        g.leave_after_failure(std::nullopt, 5);
-        return out;
+        return error;
       },
       [](DistOptions& o) {
         o.mesh = false;
-        o.timeout_s = 120;
-        o.task_names = {"chief", "worker 0", "worker 1"};
+        o.timeout_s = 60;
       });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << outs[r].error);
-    CHECK_THAT(outs[r].error,
-               Contains("not heard from worker 1 (silent for") && Contains("no heartbeat for 3 s"));
-    CHECK(outs[r].waited > 2);
-    CHECK(outs[r].waited < 15);
-  }
+  for (const auto& e : errors) CHECK(e.empty());
 }
 
 TEST_CASE("open files: the need grows with the world and a low hard limit is exit 2",
