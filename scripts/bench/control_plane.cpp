@@ -9,7 +9,8 @@
 //
 //   control_plane_bench N [N ...]     one JSON line per N on stdout:
 //     ranks, meet_s (start to the last rank's connect() returning), agree_s (to the last rank's
-//     agreement), store_ops_per_s (all ranks' store requests per second in steady state),
+//     agreement), store_ops_per_s (all ranks' store requests per second in steady state: no
+//     collective waiting), store_ops_per_s_waiting (the same while all wait on the killed rank),
 //     heartbeat_median_ms / heartbeat_p95_ms (one heartbeat's round trip, steady state),
 //     death_to_exit_s (the SIGKILL to the last process's exit), named (ranks whose error named the
 //     killed rank), processes.
@@ -122,13 +123,26 @@ void run_rank(int rank, int world, int port, int64_t start_ns, double steady_s, 
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until SIGKILL
     }
     // A collective the killed rank never joins: only liveness can end it.
+    // (Each ask takes 50 ms, as a slow device query might: a thousand threads asking every few
+    // milliseconds would measure the CPUs, not the control plane.)
     std::string error;
+    const int64_t wait_ops = group->control_stats().store_operations;
+    const int64_t wait_ns = now_ns();
     try {
-      group->wait_device("a collective", [] { return false; });
+      group->wait_device("a collective", [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return false;
+      });
     } catch (const std::exception& e) {
       error = e.what();
     }
-    out = {{"rank", rank}, {"phase", "exit"}, {"t_ns", now_ns()}, {"error", error}};
+    const int64_t end_ns = now_ns();
+    out = {{"rank", rank},
+           {"phase", "exit"},
+           {"t_ns", end_ns},
+           {"error", error},
+           {"waiting_ops_per_s", (group->control_stats().store_operations - wait_ops) /
+                                     seconds_between(wait_ns, end_ns)}};
     group->leave_after_failure(std::nullopt, 15);
     say(out);
   } catch (const std::exception& e) {
@@ -262,7 +276,7 @@ nlohmann::json run_size(int n, const std::string& self) {
     }
     if (killed_ns == 0 && static_cast<int>(steady.size()) == n) {
       // Every rank has been in steady state; the others now wait in the collective.
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      std::this_thread::sleep_for(std::chrono::seconds(2));
       ::kill(children.back().pid, SIGKILL);
       killed_ns = now_ns();
     }
@@ -301,6 +315,9 @@ nlohmann::json run_size(int n, const std::string& self) {
   result["heartbeat_median_ms"] = percentile(beats, 0.5);
   result["heartbeat_p95_ms"] = percentile(beats, 0.95);
   result["death_to_exit_s"] = seconds_between(killed_ns, last_exit);
+  double waiting = 0;
+  for (const auto& e : exits) waiting += e["waiting_ops_per_s"].get<double>();
+  result["store_ops_per_s_waiting"] = waiting;
   std::vector<double> failed_at;  // when each rank's collective failed
   for (const auto& e : exits)
     failed_at.push_back(seconds_between(killed_ns, e["t_ns"].get<int64_t>()));

@@ -1,7 +1,9 @@
 // Private to dist/: ProcessGroup's state, shared by process_group.cpp (collectives, failure
 // handling) and rendezvous.cpp (meeting at the chief, creating the backends), and the helpers
 // both use. Includes c10d, so never include it from a public header. Thread-safety: `mutex`
-// guards launches, `failure` and `in_flight`; the rest is set up once, in connect().
+// guards launches, `failure` and `in_flight`; `store_mutex` guards `control` and `watchers`
+// (replaced after a failed request, see ctl()); `heartbeat_mutex` the liveness state; the rest
+// is set up once, in connect().
 #pragma once
 
 #include <algorithm>
@@ -66,6 +68,9 @@ struct ProcessGroup::Impl {
   // A request on `control` (or a watcher) failed: a reply may still be on its way and would be
   // read as the answer to the next request, so the next heartbeat opens new connections.
   std::atomic<bool> control_broken{false};
+  std::atomic<bool> joined{false};  // this rank joined the chief (announce succeeded)
+  // `control`, replaced first when control_broken. store_mutex held; throws as the store does.
+  c10d::Store& ctl();
   std::string failure;  // the first failure; once set, every call is refused
   std::vector<c10::intrusive_ptr<compat::Work>> in_flight;  // launched, not known to be done
 
@@ -83,15 +88,19 @@ struct ProcessGroup::Impl {
   std::vector<detail::Clock::time_point> heard;  // chief: when each rank's counter last moved
   std::string published;                         // chief: the silent set last published
   detail::Clock::time_point last_round;          // chief: the end of its last round
-  detail::Clock::time_point store_answered;      // the store's last answer to a heartbeat
+  detail::Clock::time_point store_answered;      // the store's last answer to this rank
   // Not the chief: when this rank first read each rank in the published silent set.
   std::map<int, detail::Clock::time_point> seen_silent;
   std::vector<double> beat_ms;        // the round trips of this rank's recent heartbeats
   std::atomic<int64_t> store_ops{0};  // requests this rank sent on `control` (ControlStats)
   void start_heartbeat();
   void stop_heartbeat();
-  void beat();   // one round: count up (a worker) or watch the others and publish (the chief)
-  void watch();  // the chief's round (store_mutex held)
+  void beat();  // one round: count up (a worker) or watch the others and publish (the chief)
+  // The chief's round (store_mutex held); returns the newly silent tasks to log, or "".
+  std::string watch();
+  void answered();  // the store answered: store_answered = now
+  // The chief: `rank` was silent at the last round, and that round is recent (heartbeat_mutex).
+  bool chief_sees_silent(int rank, detail::Clock::time_point now) const;
   // The silent ranks with how long each has been silent: the chief's own view, or on the others
   // the published set (one store read); the store itself out of reach is rank 0's silence.
   std::vector<std::pair<int, int64_t>> silent_ranks();

@@ -68,13 +68,13 @@ constexpr std::chrono::seconds kStopGrace{5};       // wait on after a signal, t
 constexpr std::chrono::microseconds kCompareBackoff{200000};  // first_differing's polling, at most
 constexpr milliseconds kFirstPeerPoll{1000};  // a wait this long starts reading the store:
 constexpr milliseconds kPeerPoll{500};        // then this often, for peers' failures and silence
-constexpr std::chrono::microseconds kLongWaitSleep{50000};  // the longest pause after that
 
 // Keys of the failure reports in the rendezvous store (ProcessGroup::leave_after_failure).
 constexpr milliseconds kHeartbeat{1000};  // how often a rank counts up its heartbeat
 // How often the chief reads them all: a little less often than they beat, so that liveness stays
 // under 2 store operations per rank and second, and every round still sees most ranks move.
 constexpr milliseconds kWatchEvery{1250};
+constexpr milliseconds kRoundSlack{1000};  // a round later than this: the chief itself stalled
 constexpr std::chrono::seconds kSilentAfter{3};  // no heartbeat for this long: "silent"
 constexpr size_t kBeatSamples = 64;              // heartbeat round trips kept (ControlStats)
 std::string alive_key(int rank) { return "trainer/alive/" + std::to_string(rank); }
@@ -206,10 +206,14 @@ ProcessGroup::Impl::Impl(const DistOptions& o) : opts(o), backend_name(resolve_b
 ProcessGroup::Impl::~Impl() {
   stop_heartbeat();
   bool leak = !failure.empty();
-  if (!leak && control && opts.rank != 0) {
-    try {  // left, not silent: the chief may go on (exporting) and must not call it silent
+  if (!leak && joined && opts.rank != 0) {
+    // Gone, not silent: the chief may go on (exporting, or failing and waiting for the others
+    // to read why) and must neither call it silent nor wait for it.
+    try {
       std::lock_guard<std::mutex> lock(store_mutex);
-      control->add(alive_key(opts.rank), kLeftMark);
+      store_ops += 2;
+      ctl().set(left_key(opts.rank), bytes_of("1"));
+      ctl().add(alive_key(opts.rank), kLeftMark);
     } catch (const std::exception&) {
     }
   }
@@ -236,7 +240,7 @@ std::string ProcessGroup::Impl::task(int rank) const {
 }
 
 void ProcessGroup::Impl::start_heartbeat() {
-  if (local() || !control || heartbeat.joinable()) return;
+  if (local() || !joined || heartbeat.joinable()) return;
   const auto now = Clock::now();
   beats.assign(opts.world_size, -1);
   heard.assign(opts.world_size, now);
@@ -263,20 +267,30 @@ void ProcessGroup::Impl::stop_heartbeat() {
   heartbeat.join();
 }
 
+c10d::Store& ProcessGroup::Impl::ctl() {
+  if (control_broken) {  // new connections: the old ones may still deliver a late reply
+    control = control_client();
+    for (auto& w : watchers) w = control_client();
+    control_broken = false;
+  }
+  return *control;
+}
+
+void ProcessGroup::Impl::answered() {
+  std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  store_answered = Clock::now();
+}
+
 void ProcessGroup::Impl::beat() {
+  std::string newly_silent;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
-    if (control_broken) {  // new connections: the old ones may hold a late reply
-      control = control_client();
-      for (auto& w : watchers) w = control_client();
-      control_broken = false;
-    }
     if (opts.rank == 0) {
-      watch();
+      newly_silent = watch();
     } else {
       const auto start = Clock::now();
       ++store_ops;
-      control->add(alive_key(opts.rank), 1);
+      ctl().add(alive_key(opts.rank), 1);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       std::lock_guard<std::mutex> hb(heartbeat_mutex);
       if (beat_ms.size() >= kBeatSamples) beat_ms.erase(beat_ms.begin());
@@ -287,8 +301,8 @@ void ProcessGroup::Impl::beat() {
     control_broken = true;
     return;
   }
-  std::lock_guard<std::mutex> lock(heartbeat_mutex);
-  store_answered = Clock::now();
+  answered();
+  if (!newly_silent.empty()) spdlog::warn("liveness: not heard from {}", newly_silent);
 }
 
 namespace {
@@ -304,14 +318,15 @@ std::string silent_record(const std::vector<std::pair<int, int64_t>>& silent) {
 
 }  // namespace
 
-void ProcessGroup::Impl::watch() {
+std::string ProcessGroup::Impl::watch() {
   // The counters are read over `watchers` connections at once (slices of the ranks): one client's
   // round trips one after another would take about a second per thousand ranks.
   std::vector<int64_t> counts(opts.world_size, -1);
+  c10d::Store& first = ctl();
   const int clients = static_cast<int>(watchers.size()) + 1;
   std::vector<std::exception_ptr> errors(clients);
   const auto read_slice = [&](int k) {
-    c10d::Store& c = k == 0 ? *control : *watchers[k - 1];
+    c10d::Store& c = k == 0 ? first : *watchers[k - 1];
     try {
       for (int r = 1 + k; r < opts.world_size; r += clients) counts[r] = c.add(alive_key(r), 0);
     } catch (...) {
@@ -347,19 +362,29 @@ void ProcessGroup::Impl::watch() {
     }
   }
   // Published only when the set of silent ranks changes, with the seconds of that moment.
-  std::string ranks;
-  for (const auto& entry : silent) ranks += std::to_string(entry.first) + ",";
-  if (ranks == published) return;
+  std::string ranks, names;
+  for (const auto& [rank, seconds] : silent) {
+    ranks += std::to_string(rank) + ",";
+    names += (names.empty() ? "" : ", ") + task(rank) + " (silent for " + std::to_string(seconds) +
+             " s)";
+  }
+  if (ranks == published) return "";
   ++store_ops;
-  control->set(kSilentKey, bytes_of(silent_record(silent)));
+  first.set(kSilentKey, bytes_of(silent_record(silent)));
   published = ranks;
-  if (!silent.empty()) spdlog::warn("liveness: not heard from {}", silent_peers());
+  return names;
+}
+
+// The chief judges silence as of its last round, and only when that round is recent: after a
+// stall of its own it waits for the next round instead of blaming the others.
+bool ProcessGroup::Impl::chief_sees_silent(int rank, Clock::time_point now) const {
+  return now - last_round <= kWatchEvery + kRoundSlack && last_round - heard[rank] >= kSilentAfter;
 }
 
 bool ProcessGroup::Impl::is_silent(int rank) {
   if (local() || !heartbeat.joinable() || opts.rank != 0) return false;
   std::lock_guard<std::mutex> lock(heartbeat_mutex);
-  return rank > 0 && rank < opts.world_size && Clock::now() - heard[rank] >= kSilentAfter;
+  return rank > 0 && rank < opts.world_size && chief_sees_silent(rank, Clock::now());
 }
 
 std::vector<std::pair<int, int64_t>> ProcessGroup::Impl::silent_ranks() {
@@ -372,26 +397,27 @@ std::vector<std::pair<int, int64_t>> ProcessGroup::Impl::silent_ranks() {
   if (opts.rank == 0) {
     std::lock_guard<std::mutex> lock(heartbeat_mutex);
     for (int r = 1; r < opts.world_size; ++r) {
-      if (now - heard[r] >= kSilentAfter) out.emplace_back(r, seconds(heard[r]));
+      if (chief_sees_silent(r, now)) out.emplace_back(r, seconds(heard[r]));
     }
     return out;
-  }
-  {
-    std::lock_guard<std::mutex> lock(heartbeat_mutex);
-    if (now - store_answered >= kSilentAfter) {  // the chief's store is out of reach
-      out.emplace_back(0, seconds(store_answered));
-      return out;
-    }
   }
   std::string record;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
-    ++store_ops;
-    record = string_of(control->get(kSilentKey));
+    store_ops += 2;  // LibTorch's get is a wait, then the get
+    record = string_of(ctl().get(kSilentKey));
   } catch (const std::exception&) {
     control_broken = true;
-    return out;  // the heartbeats will tell whether the store is gone
+    // The chief's store out of reach: named once nothing has answered for kSilentAfter.
+    std::lock_guard<std::mutex> lock(heartbeat_mutex);
+    const auto last = Clock::now();
+    if (last - store_answered >= kSilentAfter) {
+      out.emplace_back(
+          0, std::chrono::duration_cast<std::chrono::seconds>(last - store_answered).count());
+    }
+    return out;
   }
+  answered();
   std::istringstream in(record);
   std::map<int, Clock::time_point> still;
   std::lock_guard<std::mutex> lock(heartbeat_mutex);
@@ -439,16 +465,16 @@ void ProcessGroup::Impl::raise(const std::string& message) {
 }
 
 std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
-  if (local() || !control) return std::nullopt;
+  if (local() || !joined) return std::nullopt;
   try {
     std::lock_guard<std::mutex> lock(store_mutex);
     ++store_ops;
-    if (!control->check({kFailedKey})) return std::nullopt;
-    store_ops += 3;
-    const int rank = std::stoi(string_of(control->get(kFailedKey)));
-    if (rank == opts.rank || !control->check({failure_key(rank)})) return std::nullopt;
+    if (!ctl().check({kFailedKey})) return std::nullopt;
+    store_ops += 5;  // a get is two requests
+    const int rank = std::stoi(string_of(ctl().get(kFailedKey)));
+    if (rank == opts.rank || !ctl().check({failure_key(rank)})) return std::nullopt;
     // "<kind>\n<task>\n<message>"
-    const std::string record = string_of(control->get(failure_key(rank)));
+    const std::string record = string_of(ctl().get(failure_key(rank)));
     const size_t a = record.find('\n');
     const size_t b = a == std::string::npos ? a : record.find('\n', a + 1);
     if (b == std::string::npos) return std::nullopt;
@@ -469,19 +495,19 @@ std::optional<PeerFailed> ProcessGroup::Impl::peer_failure() {
 
 void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine, double grace_s) {
   Impl& s = *impl_;
-  if (s.local() || !s.control) return;
+  if (s.local() || !s.joined) return;
   try {
     std::lock_guard<std::mutex> lock(s.store_mutex);
     if (mine) {
       const std::string record =
           std::to_string(static_cast<int>(mine->kind)) + "\n" + mine->task + "\n" + mine->message;
-      s.control->set(failure_key(s.opts.rank), bytes_of(record));
-      s.control->set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
+      s.ctl().set(failure_key(s.opts.rank), bytes_of(record));
+      s.ctl().set(kFailedKey, bytes_of(std::to_string(s.opts.rank)));
       s.store_ops += 2;
     }
     ++s.store_ops;
-    s.control->set(left_key(s.opts.rank), bytes_of("1"));
-    if (s.opts.rank != 0) s.control->add(alive_key(s.opts.rank), kLeftMark);
+    s.ctl().set(left_key(s.opts.rank), bytes_of("1"));
+    if (s.opts.rank != 0) s.ctl().add(alive_key(s.opts.rank), kLeftMark);
   } catch (const std::exception& e) {
     spdlog::debug("could not report the failure to the other tasks: {}", plain_message(e));
     return;
@@ -500,7 +526,7 @@ void ProcessGroup::leave_after_failure(const std::optional<FailureReport>& mine,
     try {
       std::lock_guard<std::mutex> lock(s.store_mutex);
       ++s.store_ops;
-      if (s.control->check(others)) return;
+      if (s.ctl().check(others)) return;
     } catch (const std::exception&) {
       return;
     }
@@ -560,10 +586,8 @@ bool ProcessGroup::Impl::poll(const std::string& what, const std::function<bool(
       std::unique_lock<std::mutex> lock(wake->m);
       wake->cv.wait_for(lock, sleep, [&] { return wake->done; });
     }
+    sleep = std::min(max_sleep, sleep * 2);
     const auto now = Clock::now();
-    // Past a second the wait is long anyway: asking less often leaves the CPUs to the others.
-    sleep = std::min(now - start < kFirstPeerPoll ? max_sleep : std::max(max_sleep, kLongWaitSleep),
-                     sleep * 2);
     if (now < next_slice && now < next_poll) continue;
     next_slice = now + kWaitSlice;
     if (ready()) break;
@@ -822,18 +846,19 @@ int64_t open_files_needed(const DistOptions& o) {
   return need;
 }
 
-void check_open_files(const DistOptions& o, int64_t hard_limit) {
+void check_open_files(const DistOptions& o, int64_t limit) {
   if (o.world_size <= 1) return;
   const int64_t need = open_files_needed(o);
-  if (hard_limit >= need) return;
+  if (limit >= need) return;
   const std::string n = std::to_string(need);
   throw ConfigError(
       "open files: a job of " + std::to_string(o.world_size) + " training tasks needs about " + n +
       " open files in " +
       (o.rank == 0 ? "the chief's process (which hosts the store)" : "each process") +
       " (a connection to each peer" + (o.rank == 0 ? " and the store's side of every task's" : "") +
-      "), but this process may open at most " + std::to_string(hard_limit) +
-      " (the hard limit RLIMIT_NOFILE, `ulimit -Hn`). Raise it where the trainer starts: `ulimit "
+      "), but this process may open at most " + std::to_string(limit) +
+      " (RLIMIT_NOFILE, its soft limit raised to the hard one: `ulimit -Hn`). Raise it where the "
+      "trainer starts: `ulimit "
       "-n " +
       n +
       "` in its shell (above the hard limit only as root, or with nofile in "
@@ -844,7 +869,7 @@ void check_open_files(const DistOptions& o, int64_t hard_limit) {
 
 std::unique_ptr<ProcessGroup> ProcessGroup::connect(const DistOptions& options) {
   validate(options);
-  check_open_files(options, util::raise_open_file_limit().hard);
+  check_open_files(options, util::raise_open_file_limit().soft);
   auto impl = std::make_shared<Impl>(options);
   if (!impl->local()) {
     try {
@@ -1021,7 +1046,12 @@ std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
   const auto request = [&s](auto&& f) {
     std::lock_guard<std::mutex> lock(s.store_mutex);
     ++s.store_ops;
-    return f(*s.control);
+    try {
+      return f(s.ctl());
+    } catch (const std::exception&) {
+      s.control_broken = true;
+      throw;
+    }
   };
   const auto wait_until = [&](const std::function<bool()>& ready) {
     auto wake = std::make_shared<Impl::Wake>();
@@ -1059,6 +1089,7 @@ std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
     } else {
       wait_until([&] { return request([&](c10d::Store& c) { return c.check({text_key(0)}); }); });
       d.chief = request([&](c10d::Store& c) { return string_of(c.get(text_key(0))); });
+      ++s.store_ops;  // a get is two requests (a wait, then the get)
       if (text != d.chief) {
         request([&](c10d::Store& c) {
           c.set(text_key(me), bytes_of(text));
@@ -1070,6 +1101,7 @@ std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
       wait_until(
           [&] { return request([&](c10d::Store& c) { return c.check({prefix + "verdict"}); }); });
       verdict = request([&](c10d::Store& c) { return string_of(c.get(prefix + "verdict")); });
+      ++s.store_ops;
     }
     if (!verdict.empty()) {
       d.rank = std::stoi(verdict);
@@ -1077,8 +1109,8 @@ std::optional<Difference> ProcessGroup::first_differing(const std::string& name,
                      ? text
                      : request([&](c10d::Store& c) { return string_of(c.get(text_key(d.rank))); });
     }
-    // Like any collective, no rank leaves before every rank has its answer (the chief's process
-    // hosts the store the others read it from).
+    // The chief, whose process hosts the store the others read from, returns only once every
+    // rank has its answer.
     if (me == 0) {
       wait_until([&] {
         return request([&](c10d::Store& c) { return c.add(prefix + "done", 0); }) >= n - 1;

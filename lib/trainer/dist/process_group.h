@@ -61,9 +61,9 @@ struct DistOptions {
 // a base for libraries, logs, data files and decoding. An estimate on the safe side.
 int64_t open_files_needed(const DistOptions& options);
 
-// ConfigError (exit 2) when `hard_limit` (RLIMIT_NOFILE's hard limit, after the soft one was
-// raised to it) is below open_files_needed(options), naming both numbers and how to raise it.
-void check_open_files(const DistOptions& options, int64_t hard_limit);
+// ConfigError (exit 2) when `limit` (RLIMIT_NOFILE's soft limit, after it was raised to the hard
+// one) is below open_files_needed(options), naming both numbers and how to raise it.
+void check_open_files(const DistOptions& options, int64_t limit);
 
 enum class Reduce { kSum, kMin, kMax };
 
@@ -161,8 +161,8 @@ class ProcessGroup {
   // O(1) store operations per rank however long the texts are (an all-gather moves N texts to
   // each of N ranks). Returns the same on every rank: the lowest rank whose text differs, or
   // nullopt. `name` tells comparisons apart (use each once per group). Waits as a collective
-  // does (distributed.timeout_s, peers' failures, silence, stop signals), and returns on no
-  // rank before every rank has its answer; a collective.
+  // does (distributed.timeout_s, peers' failures, silence, stop signals); the chief, whose
+  // process hosts the store, returns only once every rank has its answer. A collective.
   std::optional<Difference> first_differing(const std::string& name, const std::string& text);
 
   ControlStats control_stats() const;

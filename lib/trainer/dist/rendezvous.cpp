@@ -181,6 +181,7 @@ void ProcessGroup::Impl::rendezvous() {
       }
       open_control();
       announce(chief);
+      joined = true;
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -259,8 +260,9 @@ void ProcessGroup::Impl::rendezvous() {
       store->setTimeout(std::max(
           milliseconds(1000), std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
       open_control();
-      start_heartbeat();  // beating before it joins: the chief may watch it from then on
       announce(chief);
+      joined = true;
+      start_heartbeat();  // beating from now: the chief watches every rank once all joined
       // Backing off to kReadyPoll: a thousand ranks polling every kPoll would flood the store.
       auto pause = kPoll;
       while (!store->check({kReadyKey})) {

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <fstream>
 #include <limits>
 
 namespace trainer::util {
@@ -30,8 +31,15 @@ OpenFileLimit raise_open_file_limit() {
       (rl.rlim_max == RLIM_INFINITY || rl.rlim_cur < rl.rlim_max)) {
     rlimit raised = rl;
     raised.rlim_cur = rl.rlim_max;
-    // An unlimited hard limit cannot be the soft one on Linux (above fs.nr_open): leave it.
-    ::setrlimit(RLIMIT_NOFILE, &raised);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) != 0 && rl.rlim_max == RLIM_INFINITY) {
+      // Linux refuses a soft limit above fs.nr_open: take that, the most a process may have.
+      std::ifstream nr_open("/proc/sys/fs/nr_open");
+      rlim_t most = 0;
+      if (nr_open >> most && most > rl.rlim_cur) {
+        raised.rlim_cur = most;
+        ::setrlimit(RLIMIT_NOFILE, &raised);
+      }
+    }
   }
   return open_file_limit();
 }

@@ -16,7 +16,8 @@ struct OpenFileLimit {
 
 OpenFileLimit open_file_limit();  // as it is now
 
-// Raises the soft limit to the hard one (never lowers it); returns the limits afterwards. Never
+// Raises the soft limit to the hard one (never lowers it; an unlimited hard limit gives
+// fs.nr_open); returns the limits afterwards, whose soft one is what a process may open. Never
 // throws: a limit that cannot be read or raised is returned as it is.
 OpenFileLimit raise_open_file_limit();
 
