@@ -76,10 +76,11 @@ struct ProcessGroup::Impl {
 
   // Liveness, in O(N) store operations per second for the whole group: every rank but the chief
   // counts up its own key each kHeartbeat (one operation); the chief, whose process hosts the
-  // store, reads every counter once per kHeartbeat and publishes the ranks not heard from for
-  // kSilentAfter in one key, only when that set changes. The others read that key only while a
-  // collective has waited longer than a second (poll), and then fail it naming the silent tasks
-  // instead of waiting out distributed.timeout_s. Guarded by heartbeat_mutex.
+  // store, reads every counter each kWatchEvery (1.25 s, over `watchers` at once) and publishes
+  // the ranks not heard from for kSilentAfter in one key, only when that set changes. The others
+  // read that key only while a collective has waited longer than a second (poll), and then fail
+  // it naming the silent tasks instead of waiting out distributed.timeout_s. Guarded by
+  // heartbeat_mutex.
   std::thread heartbeat;
   std::mutex heartbeat_mutex;
   std::condition_variable heartbeat_cv;
