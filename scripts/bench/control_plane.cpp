@@ -15,12 +15,9 @@
 //     death_to_exit_s (the SIGKILL to the last process's exit), named (ranks whose error named the
 //     killed rank), processes.
 // Environment: CONTROL_PLANE_STEADY_S (default 10), the steady-state window.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +36,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "dist_test_util.h"  // tests/unit/dist: free_port, loopback_options
 #include "trainer/dist/process_group.h"
 #include "trainer/util/open_files.h"
 #include "trainer/util/signals.h"
@@ -55,21 +53,6 @@ int64_t now_ns() {
 }
 
 double seconds_between(int64_t from_ns, int64_t to_ns) { return (to_ns - from_ns) / 1e9; }
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    std::perror("control_plane_bench: bind");
-    std::exit(1);
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 double steady_seconds() {
   const char* v = std::getenv("CONTROL_PLANE_STEADY_S");
@@ -89,13 +72,7 @@ void say(const nlohmann::json& line) {
 void run_rank(int rank, int world, int port, int64_t start_ns, double steady_s, bool victim) {
   nlohmann::json out{{"rank", rank}};
   try {
-    DistOptions o;
-    o.rank = rank;
-    o.world_size = world;
-    o.chief_host = "127.0.0.1";
-    o.chief_port = port;
-    o.own_host = "127.0.0.1";
-    o.backend = "gloo";
+    DistOptions o = trainer::dist::testing::loopback_options(rank, world, port);
     o.mesh = false;
     o.rendezvous_timeout_s = 600;
     o.timeout_s = 120;
@@ -187,7 +164,7 @@ double percentile(std::vector<double> v, double p) {
 }
 
 nlohmann::json run_size(int n, const std::string& self) {
-  const int port = free_port();
+  const int port = trainer::dist::testing::free_port();
   const double steady_s = steady_seconds();
   const int others = n - 1;  // ranks 0..n-2 in the shared processes, rank n-1 alone
   const int processes = std::max(1, std::min(16, (others + 63) / 64));
@@ -357,7 +334,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "control_plane_bench: ranks must be at least 2, got '%s'\n", argv[i]);
       return 2;
     }
-    const auto result = run_size(n, self);
+    nlohmann::json result;
+    try {
+      result = run_size(n, self);
+    } catch (const std::exception& e) {
+      result = {{"ranks", n}, {"error", e.what()}};
+    }
     if (result.contains("error")) rc = 1;
     std::printf("%s\n", result.dump().c_str());
     std::fflush(stdout);

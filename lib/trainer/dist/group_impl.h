@@ -107,6 +107,9 @@ struct ProcessGroup::Impl {
   std::vector<std::pair<int, int64_t>> silent_ranks();
   // "worker 1 (silent for 12 s)", the peers not heard from for kSilentAfter, or "" when none.
   std::string silent_peers();
+  // silent_ranks()'s answer as text: "worker 1 (silent for 12 s), ..." (rank 0 on the others:
+  // its store has not answered).
+  std::string describe_silent(const std::vector<std::pair<int, int64_t>>& silent) const;
   bool is_silent(int rank);  // the chief: not heard from for kSilentAfter (false elsewhere)
   std::string task(int rank) const;
 

@@ -362,17 +362,13 @@ std::string ProcessGroup::Impl::watch() {
     }
   }
   // Published only when the set of silent ranks changes, with the seconds of that moment.
-  std::string ranks, names;
-  for (const auto& [rank, seconds] : silent) {
-    ranks += std::to_string(rank) + ",";
-    names += (names.empty() ? "" : ", ") + task(rank) + " (silent for " + std::to_string(seconds) +
-             " s)";
-  }
+  std::string ranks;
+  for (const auto& entry : silent) ranks += std::to_string(entry.first) + ",";
   if (ranks == published) return "";
   ++store_ops;
   first.set(kSilentKey, bytes_of(silent_record(silent)));
   published = ranks;
-  return names;
+  return describe_silent(silent);
 }
 
 // The chief judges silence as of its last round, and only when that round is recent: after a
@@ -432,9 +428,12 @@ std::vector<std::pair<int, int64_t>> ProcessGroup::Impl::silent_ranks() {
   return out;
 }
 
-std::string ProcessGroup::Impl::silent_peers() {
+std::string ProcessGroup::Impl::silent_peers() { return describe_silent(silent_ranks()); }
+
+std::string ProcessGroup::Impl::describe_silent(
+    const std::vector<std::pair<int, int64_t>>& silent) const {
   std::string out;
-  for (const auto& [rank, seconds] : silent_ranks()) {
+  for (const auto& [rank, seconds] : silent) {
     out += out.empty() ? "" : ", ";
     if (rank == 0 && opts.rank != 0) {
       out += task(0) + " (its rendezvous store at " +
