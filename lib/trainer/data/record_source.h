@@ -7,6 +7,7 @@
 // Stateless; thread-safe (the cache file is written atomically).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,12 +17,28 @@
 
 namespace trainer::data {
 
-// What a TFDS dataset directory says about itself.
+// What a TFDS dataset directory says about itself (dataset_info.json, features.json and
+// <feature>.labels.txt). Three generations of features.json are read (each seen in a real
+// prepared directory): {"type", "content": {...}} (TFDS 2021), {"type", "content": "<proto JSON
+// as a string>", "proto_cls"} (2023) and proto JSON {"featuresDict": {"features": {...}}} (2024).
 struct TfdsInfo {
+  struct Split {
+    std::string name;
+    int64_t declared_shards = -1;    // len(shardLengths); -1 = not declared or unreadable
+    int64_t declared_examples = -1;  // sum(shardLengths); -1 = likewise
+    std::string filepath_template;   // "" = TFDS's default
+  };
   std::string dir;                       // the version directory holding dataset_info.json
   std::string name;                      // dataset name ("cassava"), "" when not given
-  std::vector<std::string> class_names;  // label.labels.txt, one per line ([] = absent)
+  std::string file_format;               // dataset_info.json fileFormat ("" = not given: tfrecord)
   std::vector<std::string> splits;       // split names in dataset_info.json
+  std::vector<Split> split_info;         // the same, with what each declares
+  std::string supervised_label;          // supervisedKeys' label feature ("" = none given)
+  std::vector<std::string> class_names;  // [] = none known
+  // Where class_names came from: "label.labels.txt", "features.json (ClassLabel num_classes
+  // 10)"; when none are known, why not (for the message that asks for data.class_names).
+  std::string class_names_from;
+  std::string features_error;  // features.json exists but cannot be read: what is wrong ("" = ok)
 };
 
 // True when `dir` holds dataset_info.json.
@@ -31,7 +48,16 @@ bool is_tfds_dir(const std::string& dir);
 // version (TFDS's <name>/<version>/ layout) that does, else "".
 std::string find_tfds_dir(const std::string& path);
 
-TfdsInfo read_tfds_info(const std::string& dir);
+// The class names, in this order: <label_key>.labels.txt (TFDS's name for it, '/' -> '-'),
+// label.labels.txt, then features.json's ClassLabel for label_key: its names, else num_classes N
+// gives "0".."N-1" (what TFDS's ClassLabel(num_classes=N).names is). Throws DataError for a
+// dataset_info.json that is not JSON; a bad features.json is only noted (features_error).
+TfdsInfo read_tfds_info(const std::string& dir, const std::string& label_key = "label");
+
+// The shard file names dataset_info.json declares for `split` (its shardLengths count, named by
+// the split's filepathTemplate, "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}" by default);
+// [] when it declares none or the template has a placeholder TFDS does not define.
+std::vector<std::string> declared_shard_files(const TfdsInfo& info, const std::string& split);
 
 // The listing of `source` (format tfrecord). field: "data.train"; origin: for messages.
 // Throws DataError (no such file, no match for a glob, a missing shard, a corrupt file) or
