@@ -13,6 +13,7 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libopencv-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   catch2 libyaml-cpp-dev libprotobuf-dev protobuf-compiler zlib1g-dev libgloo-dev clang-format
+  libonnx-dev  # ONNX export: the ONNX project's protobuf types and checker
   libopenblas0-pthread libjemalloc-dev
   # test-only: the reference implementation the parity tests compare against
   python3 python3-torch python3-torchvision python3-numpy
@@ -20,6 +21,7 @@ build_pkgs=(
 runtime_pkgs=(
   libtorch1.13 libopencv-imgcodecs406 libopencv-imgproc406 libopencv-core406
   libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread libjemalloc2
+  libonnx1
 )
 
 if [[ ${TRAINER_RUNTIME_ONLY:-0} == 1 ]]; then

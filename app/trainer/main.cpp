@@ -28,7 +28,7 @@ namespace {
 using namespace trainer;
 
 const std::set<std::string> kSubcommands = {"train",   "make-dataset", "predict", "evaluate",
-                                            "inspect", "launch",       "convert"};
+                                            "inspect", "launch",       "convert", "export"};
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
   cmd->add_option("--set", *overrides,
@@ -105,12 +105,58 @@ int run(int argc, char** argv) {
       ->capture_default_str();
 
   train::PredictOptions predict_opts;
-  auto* predict_cmd =
-      app.add_subcommand("predict", "Classify images with an exported model (JSON per line)");
+  auto* predict_cmd = app.add_subcommand(
+      "predict", "Classify images with an exported model (JSON lines, or a Kaggle-style CSV)");
   predict_cmd->add_option("--model", predict_opts.model_dir, "MODEL_DIR (JOB_DIR/model)")
       ->required();
   predict_cmd->add_option("--threads", predict_opts.threads, "Intra-op threads (0 = all cores)");
-  predict_cmd->add_option("images", predict_opts.images, "Image files")->required();
+  predict_cmd
+      ->add_option("--batch-size", predict_opts.batch_size,
+                   "Images per forward pass (0 = the model's training batch)")
+      ->check(CLI::NonNegativeNumber);
+  predict_cmd
+      ->add_option("--format", predict_opts.format,
+                   "jsonl (path, label, index, probabilities) or csv (Kaggle's image_id,label); "
+                   "default: csv when --out ends in .csv, else jsonl")
+      ->check(CLI::IsMember({"jsonl", "csv"}));
+  predict_cmd->add_option("--out", predict_opts.out,
+                          "Write the predictions to this file (atomically, at the end) instead "
+                          "of standard output");
+  predict_cmd->add_flag("--overwrite", predict_opts.overwrite, "Replace --out if it exists");
+  predict_cmd->add_option("--image-column", predict_opts.image_column,
+                          "CSV manifests: the column of image paths (default: image_id, image, "
+                          "path, filename or file, else the first)");
+  predict_cmd->add_option("--image-root", predict_opts.image_root,
+                          "CSV manifests: the directory image paths are relative to (default: "
+                          "the manifest's)");
+  predict_cmd
+      ->add_option("images", predict_opts.images,
+                   "Images, directories (searched recursively), globs, or .csv manifests")
+      ->required();
+  predict_cmd->footer(
+      "Example: trainer predict --model JOB_DIR/model --out submission.csv test_images/\n"
+      "GIFs are not read (as torchvision's ImageFolder; OpenCV 4.6 cannot decode them).");
+
+  train::ExportOptions export_opts;
+  auto* export_cmd = app.add_subcommand(
+      "export", "Write an exported model as an ONNX file for a serving stack (checked first)");
+  export_cmd->add_option("--model", export_opts.model_dir, "MODEL_DIR (JOB_DIR/model)")->required();
+  export_cmd->add_option("--format", export_opts.format, "onnx")
+      ->check(CLI::IsMember({"onnx"}))
+      ->capture_default_str();
+  export_cmd->add_option("--out", export_opts.out, "The .onnx file to write")->required();
+  export_cmd->add_flag("--overwrite", export_opts.overwrite, "Replace --out if it exists");
+  export_cmd->add_flag("--include-preprocessing", export_opts.include_preprocessing,
+                       "Input uint8 [batch, S, S, 3] RGB at the model's size; x / 255 and the "
+                       "normalisation run inside the graph");
+  export_cmd->add_option("--opset", export_opts.opset, "ONNX opset (13 to 17)")
+      ->check(CLI::Range(13, 17))
+      ->capture_default_str();
+  export_cmd->footer(
+      "Example: trainer export --model JOB_DIR/model --format onnx --out model.onnx\n"
+      "Input 'input' [batch, 3, S, S] float32 (or 'image' with --include-preprocessing);\n"
+      "outputs 'logits' and 'probabilities'; the preprocessing contract and class names are\n"
+      "in the file's metadata_props (and in model.json's preprocessing).");
 
   train::EvaluateOptions eval_opts;
   auto* eval_cmd = app.add_subcommand(
@@ -217,6 +263,7 @@ int run(int argc, char** argv) {
   if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
   if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
   if (*convert_cmd) return train::run_convert(convert_opts, std::cout);
+  if (*export_cmd) return train::run_export(export_opts, std::cout);
   if (*launch_cmd) {
     launch_opts.pin_cpus = !no_pin;
     return cluster::run_launch(launch_opts);

@@ -157,7 +157,7 @@ void visit(TrainSpec& s, V& v) {
   v("per_replica_batch_size", s.per_replica_batch_size,
     Field("examples per step per replica; global batch = this x replicas")
         .at_least(1)
-        .at_most(4096));
+        .at_most(kMaxBatchSize));
   v.section("optimizer", s.optimizer, "the optimizer");
   v.section("lr_schedule", s.lr_schedule, "the learning-rate schedule");
   v.check("lr_schedule.warmup_epochs", [&s] {
@@ -246,6 +246,15 @@ void visit(LoggingSpec& s, V& v) {
 }
 
 template <class V>
+void visit(ExportSpec& s, V& v) {
+  v("onnx", s.onnx,
+    Field("also write JOB_DIR/model/model.onnx at the end (trainer export --format onnx)"));
+  v("onnx_preprocessing", s.onnx_preprocessing,
+    Field("model.onnx takes uint8 NHWC RGB and normalises inside the graph"));
+  v("onnx_opset", s.onnx_opset, Field("ONNX opset of model.onnx").at_least(13).at_most(17));
+}
+
+template <class V>
 void visit(JobSpec& s, V& v) {
   v.section("model", s.model, "the network");
   v.section("data", s.data, "where the examples come from and how they are prepared");
@@ -253,6 +262,7 @@ void visit(JobSpec& s, V& v) {
   v.section("checkpoint", s.checkpoint, "checkpoints (written by the chief)");
   v.section("distributed", s.distributed, "multi-worker training (TF_CONFIG)");
   v.section("logging", s.logging, "log lines, metrics and TensorBoard summaries");
+  v.section("export", s.export_, "what the chief writes to JOB_DIR/model besides safetensors");
 }
 
 // The names of S's fields and sections, in order (for unknown-key messages).

@@ -213,7 +213,7 @@ std::vector<std::string> resumable_changes(const JobSpec& spec) {
       "train.epochs",          "train.max_steps",       "logging.",
       "checkpoint.",           "train.threads",         "data.num_workers",
       "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
-      "distributed.interface", "distributed.cluster"};
+      "distributed.interface", "distributed.cluster",   "export."};
   if (!spec.data.augment.random_resized_crop) fields.push_back("data.cache");
   return fields;
 }

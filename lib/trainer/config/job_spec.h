@@ -19,6 +19,7 @@ namespace trainer::config {
 inline constexpr int64_t kMaxClasses = 100000;     // model.num_classes
 inline constexpr int64_t kMaxHeadHidden = 65536;   // model.head_hidden
 inline constexpr int kMaxImageSize = 4096;         // data.image_size
+inline constexpr int kMaxBatchSize = 4096;         // train.per_replica_batch_size
 inline constexpr double kMaxTimeoutS = 7 * 86400;  // distributed.*timeout_s: a week
 
 // One place examples are listed from (data.train, data.validation).
@@ -144,6 +145,12 @@ struct LoggingSpec {
   int images_per_epoch = 4;    // training input images shown per epoch (0 = none)
 };
 
+struct ExportSpec {
+  bool onnx = false;                // also write JOB_DIR/model/model.onnx (chief, at the end)
+  bool onnx_preprocessing = false;  // its input: uint8 NHWC RGB, normalised inside the graph
+  int onnx_opset = 13;              // 13 (what OpenCV 4.6's DNN reads) to 17
+};
+
 struct JobSpec {
   ModelSpec model;
   DataSpec data;
@@ -151,6 +158,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   DistributedSpec distributed;
   LoggingSpec logging;
+  ExportSpec export_;  // `export` in YAML (a C++ keyword)
 };
 
 // Parses YAML text (origin names the file in messages), applies `overrides` ("a.b.c=value",

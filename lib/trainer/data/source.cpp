@@ -23,11 +23,11 @@ namespace fs = std::filesystem;
 // Classes above this many are refused (a corrupt label column, not a real data set).
 constexpr int64_t kMaxClasses = 100000;
 
-bool is_image_file(const fs::path& p) {
+std::string lower_extension(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
+  return ext;
 }
 
 bool is_hidden(const fs::path& p) {
@@ -101,31 +101,19 @@ Listing list_imagefolder(const std::string& path, const std::string& origin,
     }
   }
 
+  std::vector<std::string> gifs;
   for (const std::string& name : dirs) {
     const fs::path class_dir = root / name;
-    std::vector<std::string> files;
-    try {
-      for (auto it = fs::recursive_directory_iterator(class_dir);
-           it != fs::recursive_directory_iterator(); ++it) {
-        if (is_hidden(it->path())) {
-          if (it->is_directory()) it.disable_recursion_pending();
-          continue;
-        }
-        if (it->is_regular_file() && is_image_file(it->path()))
-          files.push_back(it->path().string());
-      }
-    } catch (const fs::filesystem_error& e) {
-      throw DataError(origin + ": cannot list '" + class_dir.string() + "': " + e.what());
-    }
+    std::vector<std::string> files = list_image_files(class_dir.string(), origin, &gifs);
     if (files.empty()) {
       spdlog::warn("{}: class folder '{}' has no images (.jpg .jpeg .png .bmp)", origin,
                    class_dir.string());
       continue;
     }
-    std::sort(files.begin(), files.end());
     const int64_t label = index.at(name);
     for (std::string& f : files) listing.examples.push_back(Example{std::move(f), label});
   }
+  warn_unlisted_gifs(origin, gifs);
   if (listing.examples.empty()) {
     throw DataError(origin + ": no images (.jpg .jpeg .png .bmp) under '" + path + "'");
   }
@@ -248,8 +236,54 @@ bool is_inside(const fs::path& root, const fs::path& p) {
   return false;
 }
 
-Listing list_csv(const std::string& path, const SourceOptions& source, const std::string& origin,
-                 const std::vector<std::string>& class_names) {
+// A manifest read and checked up to its rows: the records (header first), and the directory
+// its image paths are relative to.
+struct Manifest {
+  std::vector<CsvRecord> records;
+  std::string where;  // "manifest 'PATH'"
+  std::string origin;
+  fs::path root, root_abs;
+
+  size_t column(const std::string& name, const std::string& option) const {
+    const std::vector<std::string>& header = records[0].fields;
+    auto it = std::find(header.begin(), header.end(), name);
+    if (it == header.end()) {
+      throw DataError(origin + ": " + where + " has no column '" + name + "' (" + option +
+                      "); columns found: " + join(header, 50));
+    }
+    return static_cast<size_t>(it - header.begin());
+  }
+  std::string row_at(size_t r) const {
+    return origin + ": " + where + " row " + std::to_string(r) + " (line " +
+           std::to_string(records[r].line) + ")";
+  }
+  // Row r's image path (column `col`, named `column_name`), under the root; checks the row's
+  // field count and that the path stays inside the root.
+  std::string image(size_t r, size_t col, const std::string& column_name) const {
+    const CsvRecord& rec = records[r];
+    const std::string at = row_at(r);
+    const size_t fields = records[0].fields.size();
+    if (rec.fields.size() != fields) {
+      throw DataError(at + ": " + std::to_string(rec.fields.size()) + " fields, the header has " +
+                      std::to_string(fields) + " (hint: quote fields that contain commas)");
+    }
+    const std::string& image = rec.fields[col];
+    if (image.empty()) throw DataError(at + ": empty image path in column '" + column_name + "'");
+    const fs::path image_path(image);
+    const fs::path resolved = image_path.is_absolute() ? image_path.lexically_normal()
+                                                       : (root_abs / image_path).lexically_normal();
+    if (!is_inside(root_abs, resolved)) {
+      throw DataError(at + ": image path '" + image + "' is outside the image root '" +
+                      root_abs.string() + "'");
+    }
+    return (image_path.is_absolute() ? resolved : (root / image_path).lexically_normal()).string();
+  }
+};
+
+Manifest open_manifest(const std::string& path, const std::string& image_root,
+                       const std::string& origin) {
+  Manifest m;
+  m.origin = origin;
   const fs::path manifest(path);
   std::error_code ec;
   if (!fs::exists(manifest, ec))
@@ -257,38 +291,37 @@ Listing list_csv(const std::string& path, const SourceOptions& source, const std
   if (fs::is_directory(manifest, ec)) {
     throw DataError(origin + ": manifest '" + path + "' is a directory, expected a .csv file");
   }
-  const std::string where = "manifest '" + path + "'";
+  m.where = "manifest '" + path + "'";
   std::string text;
   try {
     text = util::read_file(manifest);
   } catch (const DataError& e) {
     throw DataError(origin + ": " + e.what());
   }
-  std::vector<CsvRecord> records = parse_csv(text, origin + ": " + where);
-  if (records.empty()) throw DataError(origin + ": " + where + " is empty (expected a header row)");
+  m.records = parse_csv(text, origin + ": " + m.where);
+  if (m.records.empty()) {
+    throw DataError(origin + ": " + m.where + " is empty (expected a header row)");
+  }
+  m.root = image_root.empty() ? manifest.parent_path() : fs::path(image_root);
+  if (m.root.empty()) m.root = ".";
+  if (!fs::is_directory(m.root, ec)) {
+    throw DataError(origin + ": image root '" + m.root.string() + "' is not a directory" +
+                    (image_root.empty() ? " (the manifest's directory)" : ""));
+  }
+  m.root_abs = fs::absolute(m.root).lexically_normal();
+  return m;
+}
 
-  const std::vector<std::string>& header = records[0].fields;
-  auto column = [&](const std::string& name, const std::string& option) {
-    auto it = std::find(header.begin(), header.end(), name);
-    if (it == header.end()) {
-      throw DataError(origin + ": " + where + " has no column '" + name + "' (" + option +
-                      "); columns found: " + join(header, 50));
-    }
-    return static_cast<size_t>(it - header.begin());
-  };
-  const size_t image_col = column(source.image_column, "data.*.image_column");
-  const size_t label_col = column(source.label_column, "data.*.label_column");
+Listing list_csv(const std::string& path, const SourceOptions& source, const std::string& origin,
+                 const std::vector<std::string>& class_names) {
+  const Manifest m = open_manifest(path, source.image_root, origin);
+  const std::vector<CsvRecord>& records = m.records;
+  const std::string& where = m.where;
+  const size_t image_col = m.column(source.image_column, "data.*.image_column");
+  const size_t label_col = m.column(source.label_column, "data.*.label_column");
   if (records.size() == 1) {
     throw DataError(origin + ": " + where + " has a header but no rows");
   }
-
-  fs::path root = source.image_root.empty() ? manifest.parent_path() : fs::path(source.image_root);
-  if (root.empty()) root = ".";
-  if (!fs::is_directory(root, ec)) {
-    throw DataError(origin + ": image root '" + root.string() + "' is not a directory" +
-                    (source.image_root.empty() ? " (the manifest's directory)" : ""));
-  }
-  const fs::path root_abs = fs::absolute(root).lexically_normal();
 
   Listing listing;
   listing.origin = origin;
@@ -297,25 +330,8 @@ Listing list_csv(const std::string& path, const SourceOptions& source, const std
   labels.reserve(records.size() - 1);
   for (size_t r = 1; r < records.size(); ++r) {
     const CsvRecord& rec = records[r];
-    const std::string at = origin + ": " + where + " row " + std::to_string(r) + " (line " +
-                           std::to_string(rec.line) + ")";
-    if (rec.fields.size() != header.size()) {
-      throw DataError(at + ": " + std::to_string(rec.fields.size()) + " fields, the header has " +
-                      std::to_string(header.size()) + " (hint: quote fields that contain commas)");
-    }
-    const std::string& image = rec.fields[image_col];
-    if (image.empty())
-      throw DataError(at + ": empty image path in column '" + source.image_column + "'");
-    const fs::path image_path(image);
-    const fs::path resolved = image_path.is_absolute() ? image_path.lexically_normal()
-                                                       : (root_abs / image_path).lexically_normal();
-    if (!is_inside(root_abs, resolved)) {
-      throw DataError(at + ": image path '" + image + "' is outside the image root '" +
-                      root_abs.string() + "'");
-    }
-    const fs::path out =
-        image_path.is_absolute() ? resolved : (root / image_path).lexically_normal();
-    listing.examples.push_back(Example{out.string(), 0});
+    const std::string at = m.row_at(r);
+    listing.examples.push_back(Example{m.image(r, image_col, source.image_column), 0});
     labels.push_back(rec.fields[label_col]);
     if (labels.back().empty()) {
       throw DataError(at + ": empty label in column '" + source.label_column + "'");
@@ -323,10 +339,7 @@ Listing list_csv(const std::string& path, const SourceOptions& source, const std
   }
 
   const bool indices = std::all_of(labels.begin(), labels.end(), is_integer);
-  auto row_at = [&](size_t k) {
-    return origin + ": " + where + " row " + std::to_string(k + 1) + " (line " +
-           std::to_string(records[k + 1].line) + ")";
-  };
+  auto row_at = [&m](size_t k) { return m.row_at(k + 1); };
   if (indices) {
     const int64_t limit =
         class_names.empty() ? kMaxClasses : static_cast<int64_t>(class_names.size());
@@ -375,6 +388,71 @@ Listing list_csv(const std::string& path, const SourceOptions& source, const std
 }
 
 }  // namespace
+
+bool is_image_file(const std::string& path) {
+  const std::string ext = lower_extension(path);
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
+}
+
+bool is_gif_file(const std::string& path) { return lower_extension(path) == ".gif"; }
+
+const char* const kGifNote =
+    "GIF is not read: the trainer lists .jpg .jpeg .png .bmp, as torchvision's ImageFolder "
+    "does, and OpenCV 4.6 cannot decode GIF; convert it to PNG to use it";
+
+std::vector<std::string> list_image_files(const std::string& dir, const std::string& origin,
+                                          std::vector<std::string>* gifs) {
+  std::vector<std::string> files;
+  try {
+    for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator();
+         ++it) {
+      if (is_hidden(it->path())) {
+        if (it->is_directory()) it.disable_recursion_pending();
+        continue;
+      }
+      if (!it->is_regular_file()) continue;
+      const std::string path = it->path().string();
+      if (is_image_file(path)) {
+        files.push_back(path);
+      } else if (gifs && is_gif_file(path)) {
+        gifs->push_back(path);
+      }
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw DataError(origin + ": cannot list '" + dir + "': " + e.what());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void warn_unlisted_gifs(const std::string& origin, std::vector<std::string> gifs) {
+  if (gifs.empty()) return;
+  std::sort(gifs.begin(), gifs.end());
+  spdlog::warn("{}: {} GIF file{} not listed ({}): {}", origin, gifs.size(),
+               gifs.size() == 1 ? "" : "s", join(gifs, 5), kGifNote);
+}
+
+std::vector<std::string> list_manifest_images(const std::string& path, const std::string& column,
+                                              const std::string& image_root,
+                                              const std::string& origin) {
+  const Manifest m = open_manifest(path, image_root, origin);
+  const std::vector<std::string>& header = m.records[0].fields;
+  std::string name = column;
+  if (name.empty()) {  // Kaggle's image_id, else the usual names, else the first column
+    name = header.empty() ? "" : header[0];
+    for (const char* c : {"image_id", "image", "path", "filename", "file"}) {
+      if (std::find(header.begin(), header.end(), c) != header.end()) {
+        name = c;
+        break;
+      }
+    }
+  }
+  const size_t col = m.column(name, "--image-column");
+  std::vector<std::string> images;
+  for (size_t r = 1; r < m.records.size(); ++r) images.push_back(m.image(r, col, name));
+  if (images.empty()) throw DataError(origin + ": " + m.where + " has a header but no rows");
+  return images;
+}
 
 Listing list_source(const SourceOptions& given, const std::string& field,
                     const std::vector<std::string>& class_names, const ListOptions& options) {

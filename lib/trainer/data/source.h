@@ -1,8 +1,9 @@
 // Sources list the examples of a data.train / data.validation spec without decoding any image.
 //  - imagefolder: class = sub-directory name, classes sorted; files with an image extension
 //    (.jpg .jpeg .png .bmp, any case) anywhere under the class directory, sorted by path within
-//    each class; hidden entries (".name") are skipped. A class folder without images is a
-//    warning (the class keeps its index); no images at all is an error.
+//    each class; hidden entries (".name") are skipped; GIFs are left out with one warning (as
+//    torchvision's ImageFolder leaves them out; OpenCV 4.6 cannot decode them). A class folder
+//    without images is a warning (the class keeps its index); no images at all is an error.
 //  - csv: the manifest's rows in order (RFC 4180: quoted fields, "" escapes, CRLF, BOM; blank
 //    lines skipped); header row names the columns. If every label is an integer the labels are
 //    class indices (names: class_names, else "0".."K-1" with K = max + 1), otherwise class names
@@ -37,5 +38,25 @@ struct ListOptions {
 Listing list_source(const SourceOptions& source, const std::string& field,
                     const std::vector<std::string>& class_names = {},
                     const ListOptions& options = {});
+
+// An image file the sources list: .jpg .jpeg .png .bmp, any case.
+bool is_image_file(const std::string& path);
+// A .gif (any case): never listed (kGifNote says why); warned about where found.
+bool is_gif_file(const std::string& path);
+extern const char* const kGifNote;
+
+// The image files under `dir` (recursive; hidden entries skipped), sorted; GIFs found are added
+// to *gifs when given. Throws DataError naming `origin` when the directory cannot be listed.
+std::vector<std::string> list_image_files(const std::string& dir, const std::string& origin,
+                                          std::vector<std::string>* gifs = nullptr);
+// One warning for GIFs left out of a listing (none: nothing).
+void warn_unlisted_gifs(const std::string& origin, std::vector<std::string> gifs);
+
+// The image paths of a CSV manifest's `column` ("" = image_id, image, path, filename or file,
+// whichever comes first, else the first column), relative to image_root ("" = the manifest's
+// directory) and kept inside it, as the csv source reads them. Throws DataError.
+std::vector<std::string> list_manifest_images(const std::string& path, const std::string& column,
+                                              const std::string& image_root,
+                                              const std::string& origin);
 
 }  // namespace trainer::data

@@ -226,8 +226,10 @@ int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
   // in train_job runs from the checkpoint without training). The chief decides for all.
   const bool nothing_to_do =
       group.all_reduce_max(
-          job_dir.is_chief() && finished && fs::exists(job_dir.model_dir() / "model.json") ? 1
-                                                                                           : 0) > 0;
+          job_dir.is_chief() && finished && fs::exists(job_dir.model_dir() / "model.json") &&
+                  (!spec.export_.onnx || fs::exists(job_dir.model_dir() / "model.onnx"))
+              ? 1
+              : 0) > 0;
   if (nothing_to_do) {
     spdlog::info(
         "{} already holds this job trained to epoch {} (step {}); nothing to do (raise "
@@ -357,40 +359,6 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   doc["split"] = options.split;
   doc["model"] = options.model_dir;
   out << doc.dump() << "\n";
-  return 0;
-}
-
-int run_predict(const PredictOptions& options, std::ostream& out) {
-  if (options.images.empty()) throw UsageError("predict: give at least one IMAGE");
-  const LoadedModel loaded = load_model_dir(options.model_dir);
-  configure_threads(options.threads);
-  data::PreprocessOptions pre;
-  pre.image_size = loaded.info.image_size;
-  pre.reduced_decode = loaded.info.reduced_decode;
-  const data::ImagePipeline pipeline(pre);
-
-  ModelSettings settings;
-  settings.precision = inference_precision(loaded.info.precision, settings.device);
-  settings.channels_last = loaded.info.channels_last;
-  settings.normalize = data::parse_normalize(loaded.info.normalize, "model.json normalize");
-  model::ResNet net = loaded.net;
-  place_model(net, settings);
-  net->eval();
-  torch::NoGradGuard no_grad;
-  for (const std::string& path : options.images) {
-    const torch::Tensor x = pipeline.load(path, 0).unsqueeze(0);
-    const torch::Tensor probs =
-        torch::softmax(forward_logits(net, prepare_input(x, settings), settings), 1)[0].cpu();
-    const int64_t index = probs.argmax().item<int64_t>();
-    const std::vector<float> p(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
-    out << nlohmann::json{{"path", path},
-                          {"label", loaded.info.class_names.at(static_cast<size_t>(index))},
-                          {"index", index},
-                          {"probabilities", p}}
-               .dump()
-        << "\n";
-    out.flush();
-  }
   return 0;
 }
 

@@ -38,12 +38,37 @@ struct EvaluateOptions {
 };
 int run_evaluate(const EvaluateOptions& options, std::ostream& out);
 
+// Classifies images: files, directories (their images, recursively, as an imagefolder class
+// folder is listed), globs, and CSV manifests (.csv: the image column's paths); in batches of
+// batch_size (0 = the model's training batch), decoded on the thread budget while the model
+// runs. Writes JSON lines (path, label, index, probabilities) or, with format csv, Kaggle's
+// `image_id,label` (file name, class index), to `out` (atomically, at the end) or else to the
+// stream as it goes. A progress line on a terminal, a summary with images/s in the log.
 struct PredictOptions {
   std::string model_dir;
   std::vector<std::string> images;
   int threads = 0;
+  int64_t batch_size = 0;
+  std::string format;        // jsonl | csv; "" = csv when `out` ends in .csv, else jsonl
+  std::string out;           // "" = the stream
+  bool overwrite = false;    // replace an existing `out`
+  std::string image_column;  // manifests: the column of image paths ("" = guess)
+  std::string image_root;    // manifests: what paths are relative to ("" = the manifest's dir)
 };
 int run_predict(const PredictOptions& options, std::ostream& out);
+
+// Writes an exported model directory (MODEL_DIR/model.json + model.safetensors) as an ONNX file
+// (model_dir.h's onnx_model); refuses an existing `out` unless overwrite. Prints a JSON summary
+// (inputs, outputs, opset, bytes, nodes, parameters).
+struct ExportOptions {
+  std::string model_dir;
+  std::string format = "onnx";
+  std::string out;
+  bool overwrite = false;
+  bool include_preprocessing = false;
+  int opset = 13;
+};
+int run_export(const ExportOptions& options, std::ostream& out);
 
 // Reads a weights file (torch.save .pth or safetensors, told apart by content) and writes its
 // state dict as safetensors, atomically; refuses an existing output unless overwrite. Prints a

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <fmt/format.h>
+#include <tuple>
 
 #include "trainer/config/job_spec.h"
+#include "trainer/data/image.h"
+#include "trainer/model/onnx_export.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
@@ -28,15 +32,103 @@ nlohmann::json ModelInfo::to_json() const {
           {"channels_last", channels_last},
           {"global_step", global_step},
           {"epochs", epochs},
+          {"batch_size", batch_size},
           {"trainer_version", TRAINER_VERSION},
-          {"weights", "model.safetensors"}};
+          {"weights", "model.safetensors"},
+          {"preprocessing", preprocessing_contract(*this)}};
 }
 
-void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo& info) {
+namespace {
+
+// torchvision's ImageNet mean and std, as data::normalize_images uses them.
+std::pair<std::vector<float>, std::vector<float>> mean_std(const ModelInfo& info) {
+  if (data::parse_normalize(info.normalize, "model.json normalize") != data::Normalize::kImagenet)
+    return {};
+  const data::NormConstants c = data::norm_constants(data::Normalize::kImagenet, torch::kCPU);
+  const auto floats = [](const torch::Tensor& t) {
+    const torch::Tensor f = t.to(torch::kFloat).contiguous();
+    return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+  };
+  return {floats(c.mean), floats(c.std)};
+}
+
+}  // namespace
+
+nlohmann::json preprocessing_contract(const ModelInfo& info) {
+  const auto [mean, std] = mean_std(info);
+  std::string resize = "the whole image to " + std::to_string(info.image_size) + "x" +
+                       std::to_string(info.image_size) +
+                       " pixels, bilinear (OpenCV INTER_LINEAR), aspect ratio not kept, no crop";
+  if (info.reduced_decode) {
+    resize +=
+        "; a JPEG at least twice that size is first decoded at 1/2, 1/4 or 1/8 scale "
+        "(libjpeg DCT scaling)";
+  }
+  // As written (0.485, not the float's 0.48500001430511475): the shortest text of each float.
+  const auto as_written = [](const std::vector<float>& v) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const float f : v) out.push_back(std::stod(fmt::format("{}", f)));
+    return out;
+  };
+  return {{"image_size", info.image_size},
+          {"resize", resize},
+          {"color", "RGB"},
+          {"layout", "NCHW"},
+          {"dtype", "float32"},
+          {"scale", "x / 255"},
+          {"normalize", info.normalize},
+          {"mean", mean.empty() ? nlohmann::json(nullptr) : as_written(mean)},
+          {"std", std.empty() ? nlohmann::json(nullptr) : as_written(std)}};
+}
+
+std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options) {
+  model::OnnxExportOptions o;
+  o.opset = options.opset;
+  o.image_size = info.image_size;
+  o.include_preprocessing = options.include_preprocessing;
+  std::tie(o.mean, o.std) = mean_std(info);
+  o.graph_name = info.arch;
+  o.model_version = info.global_step;
+  const nlohmann::json contract = preprocessing_contract(info);
+  const std::string input =
+      options.include_preprocessing ? model::kOnnxImageInput : model::kOnnxInput;
+  const std::string size = std::to_string(info.image_size);
+  o.doc = info.arch + " image classifier over " + std::to_string(info.num_classes) +
+          " classes, trained by trainer " + TRAINER_VERSION + ". Input '" + input + "': " +
+          (options.include_preprocessing ? "[batch, " + size + ", " + size +
+                                               ", 3] uint8 RGB, resized as 'resize' says; "
+                                               "the graph does x / 255 and the normalisation"
+                                         : "[batch, 3, " + size + ", " + size +
+                                               "] float32 RGB, resized as 'resize' "
+                                               "says, x / 255, then (x - mean) / std (metadata)") +
+          ". Outputs 'logits' and 'probabilities' (softmax), [batch, classes], in the order of "
+          "'class_names'. BatchNorm is folded into the convolutions.";
+  o.properties = {{"class_names", nlohmann::json(info.class_names).dump()},
+                  {"image_size", size},
+                  {"input", input},
+                  {"input_layout", options.include_preprocessing ? "NHWC" : "NCHW"},
+                  {"input_dtype", options.include_preprocessing ? "uint8" : "float32"},
+                  {"color", "RGB"},
+                  {"resize", contract["resize"].get<std::string>()},
+                  {"scale", options.include_preprocessing ? "in the graph" : "x / 255"},
+                  {"normalize", info.normalize},
+                  {"mean", contract["mean"].dump()},
+                  {"std", contract["std"].dump()},
+                  {"preprocessing_in_graph", options.include_preprocessing ? "true" : "false"},
+                  {"outputs", "logits, probabilities"},
+                  {"batchnorm", "folded into Conv"},
+                  {"arch", info.arch},
+                  {"trainer.model_json", info.to_json().dump()}};
+  return model::export_onnx(*net, o);
+}
+
+void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo& info,
+                  const OnnxOptions* onnx) {
   fs::create_directories(dir);
   model::save_safetensors((dir / "model.safetensors").string(), model::state_dict(*net),
                           {{"format", "pt"}, {"arch", info.arch}});
   util::write_file_atomic(dir / "model.json", info.to_json().dump(2) + "\n");
+  if (onnx) util::write_file_atomic(dir / "model.onnx", onnx_model(net, info, *onnx));
 }
 
 ModelInfo read_model_info(const fs::path& json_path) {
@@ -63,6 +155,7 @@ ModelInfo read_model_info(const fs::path& json_path) {
     i.channels_last = j.value("channels_last", false);
     i.global_step = util::json_int_or(j, "global_step", 0, 0, kI64, where);
     i.epochs = util::json_int_or(j, "epochs", 0, 0, kI64, where);
+    i.batch_size = util::json_int_or(j, "batch_size", 32, 1, config::kMaxBatchSize, where);
   } catch (const nlohmann::json::exception& e) {
     throw DataError("'" + json_path.string() + "': " + e.what());
   }

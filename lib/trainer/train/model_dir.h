@@ -29,13 +29,30 @@ struct ModelInfo {
   bool channels_last = false;
   int64_t global_step = 0;
   int64_t epochs = 0;
+  int64_t batch_size = 32;  // per-replica training batch (predict's default batch)
 
   nlohmann::json to_json() const;
 };
 
-// Writes model.safetensors then model.json (each atomically) into `dir`.
-void export_model(const std::filesystem::path& dir, const model::ResNet& net,
-                  const ModelInfo& info);
+// What a serving stack must do to an image before the model sees it (model.json's
+// `preprocessing`, and the ONNX metadata): decode, resize the whole image to image_size square
+// (bilinear, aspect ratio not kept, no crop; a JPEG at least twice that size first decoded at
+// 1/2, 1/4 or 1/8 scale when reduced_decode), RGB, x / 255, then (x - mean) / std per channel
+// for "imagenet"; NCHW float32.
+nlohmann::json preprocessing_contract(const ModelInfo& info);
+
+struct OnnxOptions {
+  bool include_preprocessing = false;  // input uint8 NHWC RGB, normalised in the graph
+  int opset = 13;
+};
+// The model as an ONNX file's bytes (model::export_onnx), with the contract, the class names
+// and model.json in its metadata_props.
+std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options);
+
+// Writes model.safetensors then model.json (each atomically) into `dir`; with `onnx`, then
+// model.onnx too.
+void export_model(const std::filesystem::path& dir, const model::ResNet& net, const ModelInfo& info,
+                  const OnnxOptions* onnx = nullptr);
 
 struct LoadedModel {
   model::ResNet net{nullptr};

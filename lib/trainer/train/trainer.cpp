@@ -536,8 +536,14 @@ class ChiefWrites {
       info.channels_last = ctx_.settings.channels_last;
       info.global_step = summary.global_step;
       info.epochs = summary.epochs_done;
-      ctx_.job_dir.write_while_present(
-          [&] { train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info); });
+      info.batch_size = spec_.train.per_replica_batch_size;
+      ctx_.job_dir.write_while_present([&] {
+        OnnxOptions onnx;
+        onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
+        onnx.opset = spec_.export_.onnx_opset;
+        train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info,
+                            spec_.export_.onnx ? &onnx : nullptr);
+      });
     });
   }
 
