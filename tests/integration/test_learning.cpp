@@ -1,10 +1,12 @@
 // End to end as a user runs it: make-dataset -> train (real JPEGs, real decode threads) ->
 // the exported model dir -> evaluate reproduces the trainer's final validation accuracy and
-// predict agrees with evaluate image by image.
+// predict agrees with evaluate image by image; with export.onnx, model.onnx run by OpenCV's DNN
+// agrees with predict; predict over a directory, a glob and a csv manifest writes Kaggle's CSV.
 #include <catch2/catch.hpp>
 
 #include "fixtures.h"
 #include "harness.h"
+#include "onnx_check.h"
 
 using namespace trainer::testing;
 using Catch::Matchers::Contains;
@@ -14,14 +16,15 @@ TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agr
   TempDir dir("learn");
   make_dataset(dir.path(), "data", 40, 32);
   write_text(dir / "job.yaml", tiny_job_yaml(3));
-  const Result train = run_trainer(dir.path(), "--config job.yaml --job-dir job");
+  const Result train =
+      run_trainer(dir.path(), "--config job.yaml --job-dir job --set export.onnx=true");
   INFO(train.err);
   REQUIRE(train.code == 0);
   CHECK_THAT(train.out, Contains("model: job/model"));
 
   // The job dir holds what the README promises.
-  for (const char* p :
-       {"job.yaml", "metrics.jsonl", "model/model.safetensors", "model/model.json"}) {
+  for (const char* p : {"job.yaml", "metrics.jsonl", "model/model.safetensors", "model/model.json",
+                        "model/model.onnx"}) {
     CHECK(fs::exists(dir / "job" / p));
   }
   double final_val = -1;
@@ -72,6 +75,50 @@ TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agr
   }
   CHECK(seen == n);
   write_text(dir / "subset.csv", csv);
+
+  // The trained model's model.onnx (export.onnx: true), run by OpenCV, agrees with predict.
+  std::vector<std::string> paths;
+  for (const auto& [path, probs] : predicted(pred.out)) paths.push_back(path);
+  const torch::Tensor by_opencv =
+      opencv_probabilities((dir / "job" / "model" / "model.onnx").string(),
+                           decoded_images(paths, 32), 8, "imagenet", false);
+  CHECK(max_difference(by_opencv, paths, predicted(pred.out)) <= 1e-4);
+
+  // A directory, a glob and a manifest, to Kaggle's CSV (file name, class index).
+  std::map<std::string, int64_t> index_of;
+  std::istringstream in(pred.out);
+  for (std::string line; std::getline(in, line);) {
+    const auto p = nlohmann::json::parse(line);
+    index_of[fs::path(p["path"].get<std::string>()).filename().string()] = p["index"];
+  }
+  const auto check_csv = [&](const std::string& inputs, size_t rows) {
+    fs::remove(dir / "sub.csv");
+    const Result r = run_trainer(dir.path(),
+                                 "predict --model job/model --batch-size 7 --out "
+                                 "sub.csv " +
+                                     inputs);
+    INFO(inputs << ": " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.empty());
+    CHECK_THAT(r.err, Contains("images/s"));
+    std::istringstream csv_in(slurp(dir / "sub.csv"));
+    std::string row;
+    std::getline(csv_in, row);
+    CHECK(row == "image_id,label");
+    size_t count = 0;
+    for (; std::getline(csv_in, row); ++count) {
+      const std::string name = row.substr(0, row.find(','));
+      if (index_of.count(name)) CHECK(std::stoll(row.substr(row.find(',') + 1)) == index_of[name]);
+    }
+    CHECK(count == rows);
+  };
+  check_csv("data/validation", 50);
+  check_csv("'data/validation/cbb/*.jpg' data/validation/healthy", 20);
+  check_csv("subset.csv --image-root data/validation --image-column image_id", 20);
+  const Result taken =
+      run_trainer(dir.path(), "predict --model job/model --out sub.csv subset.csv");
+  CHECK(taken.code == 2);
+  CHECK_THAT(taken.err, Contains("--overwrite"));
   const Result sub = run_trainer(
       dir.path(),
       "evaluate --model job/model --config job.yaml --set data.validation.format=csv "
