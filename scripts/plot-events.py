@@ -104,9 +104,12 @@ def scalars(run_dir):
                         tag = vv.decode()
                     elif vn == 2 and vw == 5:  # simple_value
                         (x,) = struct.unpack("<f", vv)
-                    elif vn == 8:  # tensor: float_val = 5 (packed)
+                    elif vn == 8:  # tensor: tensor_content = 4 (TF2's and ours), float_val = 5
+                        dtype = 1
                         for tn, tw, tv in fields(vv):
-                            if tn == 5 and tw == 2 and len(tv) == 4:
+                            if tn == 1 and tw == 0:
+                                dtype = tv
+                            elif tn in (4, 5) and tw == 2 and len(tv) == 4 and dtype == 1:
                                 (x,) = struct.unpack("<f", tv)
                 if tag is not None and x is not None:
                     out.setdefault(tag, []).append((step, x))

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "trainer/data/image.h"
@@ -62,10 +62,38 @@ std::string serialize(const pb::Event& event) {
   return bytes;
 }
 
+constexpr int kDtDouble = 2;  // tensorflow.DataType DT_DOUBLE (not declared: never written)
+
+float le_float(const std::string& b, size_t at) {
+  uint32_t bits = 0;
+  for (int i = 3; i >= 0; --i) bits = (bits << 8) | static_cast<unsigned char>(b[at + i]);
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+double le_double(const std::string& b, size_t at) {
+  uint64_t bits = 0;
+  for (int i = 7; i >= 0; --i) bits = (bits << 8) | static_cast<unsigned char>(b[at + i]);
+  double x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// `x` as tensor_content holds a DT_FLOAT: 4 bytes, little-endian.
+std::string le_bytes(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  std::string out(4, '\0');
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((bits >> (8 * i)) & 0xff);
+  return out;
+}
+
 SummaryValue to_value(const pb::Summary::Value& v) {
   SummaryValue out;
   out.tag = v.tag();
   if (v.has_metadata()) {
+    out.has_metadata = true;
     out.plugin = v.metadata().plugin_data().plugin_name();
     out.data_class = v.metadata().data_class();
   }
@@ -74,8 +102,22 @@ SummaryValue to_value(const pb::Summary::Value& v) {
     out.dtype = t.dtype();
     for (const auto& d : t.tensor_shape().dim()) out.shape.push_back(d.size());
     out.floats.assign(t.float_val().begin(), t.float_val().end());
+    for (const double x : t.double_val()) out.floats.push_back(static_cast<float>(x));
+    // TensorFlow's writers put numbers in tensor_content: little-endian, row-major.
+    const std::string& raw = t.tensor_content();
+    if (out.floats.empty() && !raw.empty()) {
+      out.from_content = true;
+      if (t.dtype() == pb::DT_FLOAT && raw.size() % 4 == 0) {
+        for (size_t at = 0; at < raw.size(); at += 4) out.floats.push_back(le_float(raw, at));
+      } else if (t.dtype() == kDtDouble && raw.size() % 8 == 0) {
+        for (size_t at = 0; at < raw.size(); at += 8) {
+          out.floats.push_back(static_cast<float>(le_double(raw, at)));
+        }
+      }
+    }
     out.strings.assign(t.string_val().begin(), t.string_val().end());
   } else if (v.value_case() == pb::Summary::Value::kSimpleValue) {
+    out.simple_value = true;
     out.floats.push_back(v.simple_value());
   }
   return out;
@@ -159,7 +201,6 @@ struct EventWriter::Impl {
   std::mutex mu;  // guards everything below
   std::condition_variable wake;
   data::RecordWriter writer;
-  std::set<std::string> tags_with_metadata;
   bool closing = false, closed = false;
   std::string flush_error;  // what the flusher thread met, thrown by the next call
   std::thread flusher;
@@ -222,31 +263,31 @@ pb::Event event_at(int64_t step) {
 
 }  // namespace
 
-// A value of `tag` in `event` holding a tensor of `dtype`; the first value of a tag in this file
-// carries the plugin metadata, later ones do not (as TensorFlow's writers do). mu held.
+// A value of `tag` in `event` holding a tensor of `dtype`, with its plugin metadata on every
+// value as TF2's tf.summary.* ops write it (TF1's FileWriter kept it on a tag's first value only;
+// TensorBoard reads either). mu held.
 pb::TensorProto* EventWriter::Impl::add_value(pb::Event* event, const std::string& tag,
                                               const char* plugin, int data_class, int dtype) {
   auto* value = event->mutable_summary()->add_value();
   value->set_tag(tag);
-  if (tags_with_metadata.insert(tag).second) {
-    auto* meta = value->mutable_metadata();
-    meta->mutable_plugin_data()->set_plugin_name(plugin);
-    meta->set_data_class(static_cast<pb::SummaryMetadata::DataClass>(data_class));
-  }
+  auto* meta = value->mutable_metadata();
+  meta->mutable_plugin_data()->set_plugin_name(plugin);
+  meta->set_data_class(static_cast<pb::SummaryMetadata::DataClass>(data_class));
   auto* t = value->mutable_tensor();
   t->set_dtype(static_cast<pb::DataType>(dtype));
   t->mutable_tensor_shape();  // no dims: a scalar, unless the caller adds some
   return t;
 }
 
+// One event per value, as tf.summary.scalar (one op per value) and Keras's callback write them.
 void EventWriter::scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
-  pb::Event event = event_at(step);
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (const auto& [tag, x] : values) {
+    pb::Event event = event_at(step);
     impl_->add_value(&event, tag, "scalars", pb::SummaryMetadata::DATA_CLASS_SCALAR, pb::DT_FLOAT)
-        ->add_float_val(static_cast<float>(x));
+        ->set_tensor_content(le_bytes(static_cast<float>(x)));
+    impl_->write(event);
   }
-  impl_->write(event);
 }
 
 void EventWriter::text(int64_t step, const std::string& tag, const std::string& markdown) {
@@ -320,8 +361,8 @@ void Summaries::job_spec(int64_t step, const std::string& yaml) {
 void Summaries::train_step(int64_t step, const std::map<std::string, double>& record) {
   if (!train_) return;
   std::vector<std::pair<std::string, double>> values;
-  for (const char* name :
-       {"loss", "accuracy", "learning_rate", "images_per_sec", "data_wait_s", "comm_wait_s"}) {
+  for (const char* name : {"loss", "accuracy", "learning_rate", "images_per_sec", "data_wait_s",
+                           "comm_wait_s", "loss_scale", "skipped_step"}) {
     const auto it = record.find(name);
     if (it != record.end()) values.emplace_back(name, it->second);
   }

@@ -25,11 +25,16 @@ namespace fs = std::filesystem;
 // One Summary.Value as read back.
 struct SummaryValue {
   std::string tag;
+  bool has_metadata = false;   // the value carries a SummaryMetadata
   std::string plugin;          // metadata.plugin_data.plugin_name ("" when the value has none)
-  int data_class = 0;          // metadata.data_class (1 scalar, 2 tensor, 3 blob sequence)
-  int dtype = 0;               // tensor.dtype (1 DT_FLOAT, 7 DT_STRING; 0 = no tensor)
+  int data_class = 0;          // metadata.data_class (0 unset, 1 scalar, 2 tensor, 3 blob seq.)
+  int dtype = 0;               // tensor.dtype (1 DT_FLOAT, 2 DT_DOUBLE, 7 DT_STRING; 0 = none)
   std::vector<int64_t> shape;  // tensor.tensor_shape's dim sizes
-  std::vector<float> floats;   // tensor.float_val (or a legacy simple_value)
+  // The numbers: tensor.float_val / double_val, else tensor.tensor_content (DT_FLOAT or
+  // DT_DOUBLE, little-endian: what TensorFlow writes), else a legacy simple_value.
+  std::vector<float> floats;
+  bool from_content = false;         // floats came from tensor_content
+  bool simple_value = false;         // a legacy simple_value (Keras in TF 2.3, TF1), no tensor
   std::vector<std::string> strings;  // tensor.string_val
 };
 
@@ -64,8 +69,9 @@ class EventWriter {
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
 
-  // One event of scalars (tf.summary.scalar's form: a DT_FLOAT scalar tensor; the first value of
-  // a tag in this file carries the "scalars" plugin metadata).
+  // One event per scalar, in tf.summary.scalar's form: a DT_FLOAT tensor of shape [] whose
+  // 4 bytes are in tensor_content, with the "scalars" plugin metadata (data_class scalar) on
+  // every value.
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   // Markdown for TensorBoard's Text tab (a DT_STRING scalar, plugin "text").
   void text(int64_t step, const std::string& tag, const std::string& markdown);
@@ -84,10 +90,10 @@ class EventWriter {
 };
 
 // The chief's summaries: per step loss, accuracy, learning_rate, images_per_sec, data_wait_s
-// (and comm_wait_s with several workers) in logs/train; per epoch epoch_loss and
-// epoch_accuracy in logs/train (training) and logs/validation (validation), so TensorBoard draws
-// the two on one chart; the resolved job spec as text and a few input images per epoch in
-// logs/train. A default-constructed Summaries (another worker, logging.tensorboard: false)
+// (and comm_wait_s with several workers, loss_scale and skipped_step with fp16) in logs/train; per
+// epoch epoch_loss and epoch_accuracy in logs/train (training) and logs/validation (validation), so
+// TensorBoard draws the two on one chart; the resolved job spec as text and a few input images per
+// epoch in logs/train. A default-constructed Summaries (another worker, logging.tensorboard: false)
 // writes nothing.
 class Summaries {
  public:

@@ -155,7 +155,7 @@ constexpr int kPluginName = 1;
 constexpr uint64_t kScalar = 1, kTensor = 2, kBlobSequence = 3;  // DataClass
 }  // namespace metadata
 namespace tensor {  // tensorflow.TensorProto, TensorShapeProto, its Dim; DataType
-constexpr int kDtype = 1, kShape = 2, kFloatVal = 5, kStringVal = 8;
+constexpr int kDtype = 1, kShape = 2, kTensorContent = 4, kFloatVal = 5, kStringVal = 8;
 constexpr int kDim = 2, kDimSize = 1;
 constexpr uint64_t kDtFloat = 1, kDtString = 7;
 }  // namespace tensor
@@ -253,7 +253,7 @@ TEST_CASE("event files match TensorFlow's framing and field numbers", "[events]"
   CHECK(name.find("." + std::to_string(::getpid()) + ".v2") != std::string::npos);
 
   const std::vector<std::string> records = framed_records(file);
-  REQUIRE(records.size() == 5);
+  REQUIRE(records.size() == 6);
 
   // 1: the file version, step 0, a plausible wall time
   const Fields first = parse_fields(records[0]);
@@ -263,34 +263,31 @@ TEST_CASE("event files match TensorFlow's framing and field numbers", "[events]"
   CHECK(t0 >= before - 1);
   CHECK(t0 < before + 60);
 
-  // 2: scalars as tf.summary.scalar writes them; the metadata on each tag's first value
-  const Checked s1 = check_event(records[1]);
-  CHECK(s1.step == 7);
-  CHECK(s1.wall_time >= t0);
-  const std::vector<Value> v1 = values_of(s1.summary);
-  REQUIRE(v1.size() == 2);
-  CHECK(v1[0].tag == "loss");
-  CHECK(v1[1].tag == "accuracy");
-  for (const Value& v : v1) {
-    CHECK(v.plugin == "scalars");
-    CHECK(v.data_class == metadata::kScalar);
-    CHECK(one(v.tensor, tensor::kDtype, 0).varint == tensor::kDtFloat);
-    CHECK(dims_of(v.tensor).empty());
+  // 2-4: scalars as TF2's tf.summary.scalar writes them (kubeflow-katib's real file): one value
+  // per event, a DT_FLOAT tensor of shape [] whose 4 little-endian bytes are in tensor_content,
+  // the "scalars" metadata on every value, the tag's second value included
+  const std::vector<std::pair<std::string, float>> want{
+      {"loss", 0.25f}, {"accuracy", 0.5f}, {"loss", 0.125f}};
+  double wall = t0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("record " << i + 1);
+    const Checked s = check_event(records[1 + i]);
+    CHECK(s.step == (i < 2 ? 7 : 8));
+    CHECK(s.wall_time >= wall);
+    wall = s.wall_time;
+    const std::vector<Value> v = values_of(s.summary);
+    REQUIRE(v.size() == 1);
+    CHECK(v[0].tag == want[i].first);
+    CHECK(v[0].plugin == "scalars");
+    CHECK(v[0].data_class == metadata::kScalar);
+    CHECK(one(v[0].tensor, tensor::kDtype, 0).varint == tensor::kDtFloat);
+    CHECK(dims_of(v[0].tensor).empty());
+    CHECK(v[0].tensor.count(tensor::kFloatVal) == 0);
+    CHECK(as_float(one(v[0].tensor, tensor::kTensorContent, 2).bytes) == want[i].second);
   }
-  // float_val is packed: one length-delimited field of 4-byte floats
-  CHECK(as_float(one(v1[0].tensor, tensor::kFloatVal, 2).bytes) == 0.25f);
-  CHECK(as_float(one(v1[1].tensor, tensor::kFloatVal, 2).bytes) == 0.5f);
-
-  // 3: the tag's second value has no metadata
-  const Checked s2 = check_event(records[2]);
-  CHECK(s2.step == 8);
-  const std::vector<Value> v2 = values_of(s2.summary);
-  REQUIRE(v2.size() == 1);
-  CHECK(v2[0].plugin.empty());
-  CHECK(as_float(one(v2[0].tensor, tensor::kFloatVal, 2).bytes) == 0.125f);
 
   // 4: text as tf.summary.text writes it: a DT_STRING scalar, plugin "text"
-  const std::vector<Value> text = values_of(check_event(records[3]).summary);
+  const std::vector<Value> text = values_of(check_event(records[4]).summary);
   REQUIRE(text.size() == 1);
   CHECK(text[0].tag == "job_spec");
   CHECK(text[0].plugin == "text");
@@ -300,7 +297,7 @@ TEST_CASE("event files match TensorFlow's framing and field numbers", "[events]"
   CHECK(one(text[0].tensor, tensor::kStringVal, 2).bytes == "    a: 1\n");
 
   // 5: images as tf.summary.image writes them: [width, height, image...], plugin "images"
-  const std::vector<Value> img = values_of(check_event(records[4]).summary);
+  const std::vector<Value> img = values_of(check_event(records[5]).summary);
   REQUIRE(img.size() == 1);
   CHECK(img[0].tag == "input_images");
   CHECK(img[0].plugin == "images");
@@ -313,10 +310,12 @@ TEST_CASE("event files match TensorFlow's framing and field numbers", "[events]"
 
   // The project's reader sees the same.
   const std::vector<EventRecord> back = read_events(file);
-  REQUIRE(back.size() == 5);
+  REQUIRE(back.size() == 6);
   CHECK(back[0].file_version == "brain.Event:2");
-  CHECK(back[1].values[1].floats == std::vector<float>{0.5f});
-  CHECK(back[4].values[0].strings.size() == 4);
+  CHECK(back[2].values[0].floats == std::vector<float>{0.5f});
+  CHECK(back[2].values[0].from_content);
+  CHECK(back[3].values[0].has_metadata);
+  CHECK(back[5].values[0].strings.size() == 4);
 }
 
 TEST_CASE("the flusher hands records to the file within flush_secs", "[events]") {
@@ -385,12 +384,11 @@ TEST_CASE("Summaries: train and validation runs, the job spec, input images, res
     Summaries s(logs, logging(2), 0);
     s.job_spec(0, "model:\n  arch: resnet18\n");
     for (int step = 1; step <= 6; ++step) {
-      s.train_step(step, {{"loss", 1.0 / step},
-                          {"accuracy", 0.1 * step},
-                          {"step_time_s", 1},
-                          {"learning_rate", 0.01},
-                          {"images_per_sec", 100},
-                          {"data_wait_s", 0}});
+      std::map<std::string, double> record{{"loss", 1.0 / step},    {"accuracy", 0.1 * step},
+                                           {"step_time_s", 1},      {"learning_rate", 0.01},
+                                           {"images_per_sec", 100}, {"data_wait_s", 0}};
+      if (step == 2) record.insert({{"loss_scale", 32768}, {"skipped_step", 1}});  // as fp16's
+      s.train_step(step, record);
       if (step == 1 || step == 4) s.input_images(step, images);
     }
     s.epoch(3, {{"train_loss", 0.5}, {"train_accuracy", 0.6}, {"epoch_time_s", 9}});
@@ -404,6 +402,8 @@ TEST_CASE("Summaries: train and validation runs, the job spec, input images, res
   CHECK(steps_of(logs / "train", "loss") == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
   CHECK(steps_of(logs / "train", "data_wait_s").size() == 6);
   CHECK(steps_of(logs / "train", "step_time_s").empty());  // in metrics.jsonl only
+  CHECK(steps_of(logs / "train", "loss_scale") == std::vector<int64_t>{2});  // fp16 only
+  CHECK(steps_of(logs / "train", "skipped_step") == std::vector<int64_t>{2});
   CHECK(steps_of(logs / "train", "epoch_loss") == std::vector<int64_t>{3, 6});
   CHECK(steps_of(logs / "validation", "epoch_loss") == std::vector<int64_t>{6});
   CHECK(steps_of(logs / "validation", "epoch_accuracy") == std::vector<int64_t>{6});
