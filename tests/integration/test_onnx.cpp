@@ -167,25 +167,27 @@ TEST_CASE("ONNX export refuses a damaged model (exit 3) and an existing --out (e
   info.image_size = 32;
   trainer::train::export_model(dir / "model", trainer::model::make_resnet({"resnet18", 2, 0}),
                                info);
-  write_text(dir / "taken.onnx", "keep me");
-  const Result taken = run_trainer(dir.path(), "export --model model --out taken.onnx");
-  CHECK(taken.code == 2);
-  CHECK_THAT(taken.err, Contains("taken.onnx") && Contains("--overwrite"));
-  CHECK(slurp(dir / "taken.onnx") == "keep me");
-  CHECK(run_trainer(dir.path(), "export --model model --out taken.onnx --overwrite").code == 0);
-  CHECK(fs::file_size(dir / "taken.onnx") > 1000000);
-
   const std::string weights = slurp(dir / "model" / "model.safetensors");
-  SECTION("truncated") {
-    write_text(dir / "model" / "model.safetensors", weights.substr(0, weights.size() / 2));
+  const auto refused_as_damaged = [&](const std::string& bytes) {
+    write_text(dir / "model" / "model.safetensors", bytes);
+    const Result damaged = run_trainer(dir.path(), "export --model model --out new.onnx");
+    CHECK(damaged.code == 3);
+    CHECK_THAT(damaged.err, Contains("model.safetensors"));
+    CHECK_FALSE(fs::exists(dir / "new.onnx"));
+  };
+  SECTION("an existing --out is kept unless --overwrite") {
+    write_text(dir / "taken.onnx", "keep me");
+    const Result taken = run_trainer(dir.path(), "export --model model --out taken.onnx");
+    CHECK(taken.code == 2);
+    CHECK_THAT(taken.err, Contains("taken.onnx") && Contains("--overwrite"));
+    CHECK(slurp(dir / "taken.onnx") == "keep me");
+    CHECK(run_trainer(dir.path(), "export --model model --out taken.onnx --overwrite").code == 0);
+    CHECK(fs::file_size(dir / "taken.onnx") > 1000000);
   }
+  SECTION("truncated") { refused_as_damaged(weights.substr(0, weights.size() / 2)); }
   SECTION("a corrupt header") {
     std::string bad = weights;
     for (size_t i = 8; i < 40; ++i) bad[i] = '#';
-    write_text(dir / "model" / "model.safetensors", bad);
+    refused_as_damaged(bad);
   }
-  const Result damaged = run_trainer(dir.path(), "export --model model --out new.onnx");
-  CHECK(damaged.code == 3);
-  CHECK_THAT(damaged.err, Contains("model.safetensors"));
-  CHECK_FALSE(fs::exists(dir / "new.onnx"));
 }

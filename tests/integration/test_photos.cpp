@@ -19,8 +19,8 @@ const fs::path kPhotos = fs::path(TRAINER_SOURCE_DIR) / ".." / "shared" / "reald
 }  // namespace
 
 TEST_CASE(
-    "real photos with a GIF, a space, .jpeg and progressive JPEGs: train, evaluate, "
-    "predict",
+    "real photos (a GIF and a space and .jpeg and progressive JPEGs) through train and "
+    "evaluate and predict",
     "[photos][realdata]") {
   if (!fs::is_directory(kPhotos)) {
     WARN("skipped: ../shared/realdata not found (" << kPhotos.string() << ")");

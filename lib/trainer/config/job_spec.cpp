@@ -224,7 +224,10 @@ std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ign
   // checkpoints of a job dir written before them carry a fingerprint without them, and must
   // still resume.
   static const std::vector<std::pair<std::string, std::string>> kLaterFields = {
-      {"train.deterministic", "auto"}};
+      {"train.deterministic", "auto"},
+      {"export.onnx", "false"},
+      {"export.onnx_preprocessing", "false"},
+      {"export.onnx_opset", "13"}};
   util::Fnv1a128 hash;
   for (const auto& [path, value] : flatten(spec)) {
     if (is_ignored(path, ignored_prefixes)) continue;

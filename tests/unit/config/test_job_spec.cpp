@@ -91,7 +91,7 @@ const std::vector<Bad> kBad = {
      {},
      false,
      {"job.yaml:1: unknown field 'modle'",
-      "(expected one of: model, data, train, checkpoint, distributed, logging)",
+      "(expected one of: model, data, train, checkpoint, distributed, logging, export)",
       "did you mean 'model'?"}},
     {"unknown nested key",
      "train:\n  epochs: 3\n  optimzer:\n    name: sgd\n",
@@ -502,7 +502,7 @@ const std::vector<Bad> kBad = {
      {},
      true,
      {"job.yaml:1: expected a mapping of sections (model, data, train, checkpoint, distributed, "
-      "logging)",
+      "logging, export)",
       "got a list"}},
     {"scalar at the top", "hello\n", {}, true, {"job.yaml:1: expected a mapping", "got 'hello'"}},
     {"two documents",

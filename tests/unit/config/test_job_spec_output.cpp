@@ -66,6 +66,7 @@ JobSpec every_field_changed() {
   s.checkpoint = {2, 5, 9};
   s.distributed = {"gloo", 30.5, 60, 4, "eth0", "slurm"};
   s.logging = {50, "debug", false, 2.5, 9};
+  s.export_ = {true, true, 17};
   return s;
 }
 
@@ -140,9 +141,9 @@ TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
 
 TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
   const auto flat = flatten(minimal());
-  REQUIRE(flat.size() == 77);
+  REQUIRE(flat.size() == 80);
   CHECK(flat.front().first == "model.arch");
-  CHECK(flat.back().first == "logging.images_per_epoch");
+  CHECK(flat.back().first == "export.onnx_opset");
   std::set<std::string> paths;
   for (const auto& [p, v] : flat) paths.insert(p);
   CHECK(paths.size() == flat.size());  // no field listed twice
@@ -200,7 +201,7 @@ TEST_CASE("resumable_changes: what may change between runs of one job", "[config
       "train.epochs",          "train.max_steps",       "logging.",
       "checkpoint.",           "train.threads",         "data.num_workers",
       "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
-      "distributed.interface", "distributed.cluster"};
+      "distributed.interface", "distributed.cluster",   "export."};
   std::vector<std::string> with_cache = speed_only;
   with_cache.push_back("data.cache");
   CHECK(resumable_changes(a) == with_cache);
@@ -216,6 +217,7 @@ TEST_CASE("resumable_changes: what may change between runs of one job", "[config
   moved.distributed.cluster = "slurm";  // the same job relaunched under SLURM
   moved.data.cache = "memory";
   moved.checkpoint.keep = 9;
+  moved.export_.onnx = true;  // asking for model.onnx too does not change the training
   CHECK_FALSE(first_difference(a, moved, resumable_changes(a)).has_value());
   // What changes bits is not.
   moved.distributed.bucket_mb = 5;
@@ -269,6 +271,7 @@ TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]
   // Last changed on purpose: logging.tensorboard, logging.flush_secs and
   // logging.images_per_epoch were added. (Checkpoints compare the fingerprint without
   // resumable_changes, which ignores logging.*: job dirs written before them still resume.)
+  // export.* (added later) counts only away from its defaults, so this value did not change.
   CHECK(fingerprint(minimal()) == "1df71c65b4be9d167bfa60e0a74f21d5");
 }
 
