@@ -64,18 +64,15 @@ std::string serialize(const pb::Event& event) {
 
 constexpr int kDtDouble = 2;  // tensorflow.DataType DT_DOUBLE (not declared: never written)
 
-float le_float(const std::string& b, size_t at) {
-  uint32_t bits = 0;
-  for (int i = 3; i >= 0; --i) bits = (bits << 8) | static_cast<unsigned char>(b[at + i]);
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
-double le_double(const std::string& b, size_t at) {
-  uint64_t bits = 0;
-  for (int i = 7; i >= 0; --i) bits = (bits << 8) | static_cast<unsigned char>(b[at + i]);
-  double x;
+// A little-endian float or double (T) stored at b[at] (as tensor_content holds them).
+template <typename T, typename Bits>
+T le_value(const std::string& b, size_t at) {
+  static_assert(sizeof(T) == sizeof(Bits));
+  Bits bits = 0;
+  for (int i = static_cast<int>(sizeof(Bits)) - 1; i >= 0; --i) {
+    bits = static_cast<Bits>((bits << 8) | static_cast<unsigned char>(b[at + i]));
+  }
+  T x;
   std::memcpy(&x, &bits, sizeof x);
   return x;
 }
@@ -108,10 +105,11 @@ SummaryValue to_value(const pb::Summary::Value& v) {
     if (out.floats.empty() && !raw.empty()) {
       out.from_content = true;
       if (t.dtype() == pb::DT_FLOAT && raw.size() % 4 == 0) {
-        for (size_t at = 0; at < raw.size(); at += 4) out.floats.push_back(le_float(raw, at));
+        for (size_t at = 0; at < raw.size(); at += 4)
+          out.floats.push_back(le_value<float, uint32_t>(raw, at));
       } else if (t.dtype() == kDtDouble && raw.size() % 8 == 0) {
         for (size_t at = 0; at < raw.size(); at += 8) {
-          out.floats.push_back(static_cast<float>(le_double(raw, at)));
+          out.floats.push_back(static_cast<float>(le_value<double, uint64_t>(raw, at)));
         }
       }
     }

@@ -3,6 +3,8 @@
 // count cache, and the errors for what is missing. Fixtures: make-dataset's TFRecord writer.
 #include <catch2/catch.hpp>
 
+#include "common/message_of.h"
+
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -49,15 +51,7 @@ SourceOptions tfrecord_spec(std::vector<std::string> paths) {
   return s;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using trainer::test_support::message_of;
 
 }  // namespace
 
@@ -197,7 +191,8 @@ TEST_CASE("record counts are scanned once and cached by size and mtime", "[recor
   const Listing after = list_source(spec, "data.train", names, cache);
   CHECK(after.counts_from == "a scan of 1 files and the count cache");
   CHECK(after.record_files[1].records == 2);
-  CHECK(after.examples.size() == after.record_files[0].records + 2 + after.record_files[2].records);
+  CHECK(static_cast<int64_t>(after.examples.size()) ==
+        after.record_files[0].records + 2 + after.record_files[2].records);
 }
 
 TEST_CASE("make-dataset's shards mix the classes and it removes only its own old shards",

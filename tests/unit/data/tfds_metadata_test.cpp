@@ -4,6 +4,8 @@
 // written by TFDS (mnist and fashion_mnist; /work/shared/realdata/README.md describes them).
 #include <catch2/catch.hpp>
 
+#include "common/message_of.h"
+
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -48,15 +50,7 @@ SourceOptions tfds_source(const fs::path& dir, const std::string& split) {
   return s;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using trainer::test_support::message_of;
 
 std::vector<std::string> digits(int n) {
   std::vector<std::string> out;
