@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "trainer/util/address.h"
 #include "trainer/util/error.h"
 
 extern char** environ;  // NOLINT: POSIX
@@ -86,10 +87,7 @@ void expand_one(const std::string& item, const std::string& bad, std::vector<std
   }
 }
 
-std::string address(const std::string& host, long port) {
-  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
+std::string address(const std::string& host, long port) { return util::host_port(host, port); }
 
 }  // namespace
 

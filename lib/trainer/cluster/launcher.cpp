@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "trainer/util/address.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
 
@@ -77,11 +78,6 @@ void validate(const LaunchOptions& o) {
   if (!(o.stop_grace_s >= 0)) {
     throw UsageError("launch: stop_grace_s must be >= 0, got " + std::to_string(o.stop_grace_s));
   }
-}
-
-std::string format_address(const std::string& host, int port) {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 // ---- children ----------------------------------------------------------------------------------
@@ -454,16 +450,16 @@ std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vec
   nlohmann::json cluster = nlohmann::json::object();
   size_t next = 0;
   if (options.chief) {
-    tasks.push_back({"chief", 0, format_address(options.host, ports[next++]), ""});
+    tasks.push_back({"chief", 0, util::host_port(options.host, ports[next++]), ""});
     cluster["chief"] = nlohmann::json::array({tasks.back().address});
   }
   cluster["worker"] = nlohmann::json::array();
   for (int i = 0; i < options.workers; ++i) {
-    tasks.push_back({"worker", i, format_address(options.host, ports[next++]), ""});
+    tasks.push_back({"worker", i, util::host_port(options.host, ports[next++]), ""});
     cluster["worker"].push_back(tasks.back().address);
   }
   if (options.evaluator) {
-    tasks.push_back({"evaluator", 0, format_address(options.host, ports[next++]), ""});
+    tasks.push_back({"evaluator", 0, util::host_port(options.host, ports[next++]), ""});
     cluster["evaluator"] = nlohmann::json::array({tasks.back().address});
   }
   const int training = options.workers + (options.chief ? 1 : 0);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "trainer/util/bytes.h"
 #include "trainer/util/crc32c.h"
 
 namespace trainer::data {
@@ -21,22 +22,10 @@ namespace {
 constexpr size_t kHeaderBytes = 12;  // uint64 length + uint32 masked CRC of it
 constexpr size_t kFooterBytes = 4;   // uint32 masked CRC of the data
 
-void put_le32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
-}
-void put_le64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
-}
-uint32_t get_le32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-uint64_t get_le64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+void put_le32(char* p, uint32_t v) { util::store_le(p, v, 4); }
+void put_le64(char* p, uint64_t v) { util::store_le(p, v, 8); }
+uint32_t get_le32(const char* p) { return static_cast<uint32_t>(util::load_le(p, 4)); }
+uint64_t get_le64(const char* p) { return util::load_le(p, 8); }
 
 uint32_t masked_crc(const void* data, size_t n) { return util::mask_crc(util::crc32c(data, n)); }
 

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/dist/group_impl.h"
+#include "trainer/util/address.h"
 #include "trainer/util/error.h"
 #include "trainer/util/memory.h"
 #include "trainer/util/open_files.h"
@@ -34,10 +35,7 @@ std::string seconds_text(double s) {
   return out.str();
 }
 
-std::string address(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
+std::string address(const std::string& host, int port) { return util::host_port(host, port); }
 
 std::string plain_message(const std::exception& e) {
   std::string m;

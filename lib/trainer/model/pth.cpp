@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/util/bytes.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 
@@ -30,12 +31,7 @@ namespace {
 
 // The n-byte little-endian unsigned integer at bytes[pos] (the caller has bounded pos + n).
 uint64_t le_at(const std::string& bytes, uint64_t pos, int n) {
-  uint64_t v = 0;
-  for (int k = 0; k < n; ++k) {
-    v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + static_cast<uint64_t>(k)]))
-         << (8 * k);
-  }
-  return v;
+  return util::load_le(bytes.data() + pos, n);
 }
 
 // ---- Values of the restricted unpickler --------------------------------------------------------

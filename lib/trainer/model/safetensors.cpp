@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "trainer/model/resnet.h"
+#include "trainer/util/bytes.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 
@@ -119,7 +120,8 @@ std::string encode_safetensors(const StateDict& tensors, const Metadata& metadat
   std::string out;
   out.reserve(8 + json.size() + offset);
   const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out.resize(8);
+  util::store_le(out.data(), n, 8);
   out += json;
   for (const torch::Tensor& t : data) {
     out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
@@ -137,10 +139,7 @@ StateDict decode_safetensors(const std::string& bytes, const std::string& origin
     corrupt(origin, "truncated: " + std::to_string(bytes.size()) +
                         " bytes, need at least 8 for the header size");
   }
-  uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) {
-    header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  }
+  const uint64_t header_size = util::load_le(bytes.data(), 8);
   if (header_size > bytes.size() - 8) {
     corrupt(origin, "header size " + std::to_string(header_size) + " exceeds the " +
                         std::to_string(bytes.size() - 8) +

@@ -12,6 +12,7 @@
 #include "trainer/data/image.h"
 #include "trainer/data/tfrecord.h"
 #include "trainer/train/proto/event.pb.h"
+#include "trainer/util/bytes.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
 
@@ -64,19 +65,6 @@ std::string serialize(const pb::Event& event) {
 
 constexpr int kDtDouble = 2;  // tensorflow.DataType DT_DOUBLE (not declared: never written)
 
-// A little-endian float or double (T) stored at b[at] (as tensor_content holds them).
-template <typename T, typename Bits>
-T le_value(const std::string& b, size_t at) {
-  static_assert(sizeof(T) == sizeof(Bits));
-  Bits bits = 0;
-  for (int i = static_cast<int>(sizeof(Bits)) - 1; i >= 0; --i) {
-    bits = static_cast<Bits>((bits << 8) | static_cast<unsigned char>(b[at + i]));
-  }
-  T x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
 // `x` as tensor_content holds a DT_FLOAT: 4 bytes, little-endian.
 std::string le_bytes(float x) {
   uint32_t bits;
@@ -106,10 +94,10 @@ SummaryValue to_value(const pb::Summary::Value& v) {
       out.from_content = true;
       if (t.dtype() == pb::DT_FLOAT && raw.size() % 4 == 0) {
         for (size_t at = 0; at < raw.size(); at += 4)
-          out.floats.push_back(le_value<float, uint32_t>(raw, at));
+          out.floats.push_back(util::load_le_real<float>(raw.data() + at));
       } else if (t.dtype() == kDtDouble && raw.size() % 8 == 0) {
         for (size_t at = 0; at < raw.size(); at += 8) {
-          out.floats.push_back(static_cast<float>(le_value<double, uint64_t>(raw, at)));
+          out.floats.push_back(static_cast<float>(util::load_le_real<double>(raw.data() + at)));
         }
       }
     }
