@@ -27,16 +27,6 @@ constexpr size_t kMaxSkippedPaths = 100;   // remembered by skipped_paths()
 constexpr int64_t kMaxSkippedLogged = 10;  // logged one by one; the rest only counted
 }  // namespace
 
-std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
-  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(n, 0)));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  if (shuffle) {
-    Rng rng(util::mix_seed(seed, {static_cast<uint64_t>(epoch)}));
-    shuffle_in_place(order, rng);
-  }
-  return order;
-}
-
 void use_record_order(LoaderOptions& o, std::vector<FileGroup> files, const ShardPlan& plan,
                       const RecordOrderOptions& ro) {
   // The loader asks for order(e) then read_order(e) (and order(0) once at construction), both

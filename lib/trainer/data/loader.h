@@ -71,9 +71,6 @@ struct Batch {
 void use_record_order(LoaderOptions& o, std::vector<FileGroup> files, const ShardPlan& plan,
                       const RecordOrderOptions& ro);
 
-// The order of epoch `epoch`: 0..n-1, shuffled with mix_seed(seed, {epoch}) when shuffle.
-std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
-
 class Loader {
  public:
   Loader(std::vector<Example> examples, LoaderOptions options);

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "trainer/data/example.h"
-#include "trainer/data/source.h"
 #include "trainer/data/source_options.h"
 
 namespace trainer::data {

@@ -9,13 +9,22 @@
 #include <sstream>
 #include <utility>
 
-#include "trainer/data/loader.h"
 #include "trainer/data/random.h"
 #include "trainer/util/error.h"
 #include "trainer/util/hash.h"
 #include "trainer/util/rng.h"
 
 namespace trainer::data {
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (shuffle) {
+    Rng rng(util::mix_seed(seed, {static_cast<uint64_t>(epoch)}));
+    shuffle_in_place(order, rng);
+  }
+  return order;
+}
 
 namespace {
 

@@ -36,6 +36,10 @@ namespace trainer::data {
 inline constexpr double kAutoMaxFileRatio = 1.5;  // auto rule (2): largest / smallest file
 inline constexpr int64_t kAutoMinStepShare = 90;  // auto rule (3): percent of data's steps
 
+// The order of epoch `epoch`: 0..n-1, shuffled with mix_seed(seed, {epoch}) when shuffle (the
+// loader's default order, and the single-worker order the shard policies start from).
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
 // A unit a source reads: one image file (imagefolder, csv) or one record file holding many
 // examples (TFRecord). `examples` are indices into Listing::examples, in the file's read order;
 // across all groups every index 0..n-1 appears exactly once (empty groups are allowed).

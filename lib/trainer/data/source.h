@@ -25,13 +25,6 @@
 
 namespace trainer::data {
 
-struct ListOptions {
-  // tfrecord: a JSON file of record counts per file (keyed by path, size and mtime) read before
-  // scanning ("" = none), and whether to write what was scanned back to it (the chief only).
-  std::string count_cache;
-  bool write_count_cache = false;
-};
-
 // field: the dotted name of the source in the spec ("data.train") for messages.
 // class_names: if non-empty, the labels are mapped to these names (imagefolder: a sub-directory
 // not among them is an error; csv: names or indices must be in range); empty = derive.

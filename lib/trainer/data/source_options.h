@@ -27,4 +27,12 @@ struct SourceOptions {
   bool enabled() const { return !path.empty(); }
 };
 
+// How a source is listed (list_source, list_tfrecord).
+struct ListOptions {
+  // tfrecord: a JSON file of record counts per file (keyed by path, size and mtime) read before
+  // scanning ("" = none), and whether to write what was scanned back to it (the chief only).
+  std::string count_cache;
+  bool write_count_cache = false;
+};
+
 }  // namespace trainer::data
