@@ -61,6 +61,14 @@ void agree(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster, const
   }
 }
 
+void chief_writes(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                  const cluster::JobDir& job_dir, const std::string& what,
+                  const std::function<void()>& write) {
+  agree(group, cluster, what, [&] {
+    if (job_dir.is_chief()) job_dir.write_while_present(write);
+  });
+}
+
 std::string job_description(const config::JobSpec& spec, const data::Listing& train,
                             const data::Listing* validation) {
   std::string out;

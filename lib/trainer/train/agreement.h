@@ -9,6 +9,7 @@
 #include <string>
 
 #include "trainer/cluster/cluster_spec.h"
+#include "trainer/cluster/job_dir.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/example.h"
 #include "trainer/dist/process_group.h"
@@ -20,6 +21,15 @@ namespace trainer::train {
 // step for messages ("listing the data").
 void agree(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster, const std::string& what,
            const std::function<void()>& step);
+
+// The one door to what only the chief writes in the job dir (job.yaml, checkpoints, model/,
+// the TensorBoard runs): every rank calls it, in the same order (a collective); on the chief
+// `write` runs while the job dir is present (JobDir::write_while_present), the others only
+// learn how it went (agree()), so a failed write fails every rank with the chief's error.
+// `what` names the write for messages ("writing a checkpoint").
+void chief_writes(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
+                  const cluster::JobDir& job_dir, const std::string& what,
+                  const std::function<void()>& write);
 
 // The text every rank must share: every job-spec field but logging.*, a digest of the train and
 // validation listings, and the program version, one "name=value" line each.

@@ -210,9 +210,8 @@ int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
 
   // 4. The job dir: the same job or none; where to resume.
   std::optional<CheckpointInfo> resume;
-  agree(group, cluster, "claiming the job dir", [&] {
-    if (job_dir.is_chief()) resume = claim_job_dir(job_dir, spec, options.overwrite);
-  });
+  chief_writes(group, cluster, job_dir, "claiming the job dir",
+               [&] { resume = claim_job_dir(job_dir, spec, options.overwrite); });
   if (!job_dir.is_chief()) resume = latest_checkpoint(job_dir.checkpoints_dir());
   agree_on_resume(group, cluster, resume);
   const CheckpointPlan checkpoint_plan{group.world_size(), plan.steps_per_epoch,

@@ -476,9 +476,9 @@ class EpochMeter {
   int64_t faults_ = 0, seen_ = 0, steps_ = 0, skipped_steps_ = 0;
 };
 
-// The one place that decides what only the chief writes: checkpoints (after proving every
-// replica holds the same weights and statistics) and the exported model. Every rank calls these
-// (they are collectives); agree() turns a failure on the chief into the same error everywhere.
+// The loop's chief-only writes: checkpoints (after proving every replica holds the same weights
+// and statistics) and the exported model, each through chief_writes() (agreement.h), the one
+// door to what only the chief writes. Every rank calls these (they are collectives).
 class ChiefWrites {
  public:
   ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper)
@@ -487,15 +487,12 @@ class ChiefWrites {
   void checkpoint(const TrainPosition& at) {
     dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()),
                                fmt::format("at the checkpoint of step {}", at.global_step));
-    agree(ctx_.group, ctx_.cluster, "writing a checkpoint", [&] {
-      if (!ctx_.job_dir.is_chief()) return;
-      ctx_.job_dir.write_while_present([&] {
-        const auto dir = save_checkpoint(
-            ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
-            stepper_.optimizer(), spec_.checkpoint.keep,
-            stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json());
-        spdlog::info("checkpoint {}", dir.string());
-      });
+    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "writing a checkpoint", [&] {
+      const auto dir = save_checkpoint(
+          ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
+          stepper_.optimizer(), spec_.checkpoint.keep,
+          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json());
+      spdlog::info("checkpoint {}", dir.string());
     });
   }
 
@@ -522,8 +519,7 @@ class ChiefWrites {
 
   void export_model(const TrainSummary& summary) {
     dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()), "at the end");
-    agree(ctx_.group, ctx_.cluster, "exporting the model", [&] {
-      if (!ctx_.job_dir.is_chief()) return;
+    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "exporting the model", [&] {
       ModelInfo info;
       info.arch = spec_.model.arch;
       info.num_classes = ctx_.plan.num_classes;
@@ -537,13 +533,11 @@ class ChiefWrites {
       info.global_step = summary.global_step;
       info.epochs = summary.epochs_done;
       info.batch_size = spec_.train.per_replica_batch_size;
-      ctx_.job_dir.write_while_present([&] {
-        OnnxOptions onnx;
-        onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
-        onnx.opset = spec_.export_.onnx_opset;
-        train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info,
-                            spec_.export_.onnx ? &onnx : nullptr);
-      });
+      OnnxOptions onnx;
+      onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
+      onnx.opset = spec_.export_.onnx_opset;
+      train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info,
+                          spec_.export_.onnx ? &onnx : nullptr);
     });
   }
 
@@ -568,12 +562,10 @@ class ChiefWrites {
 // failure on the chief stops every rank; the resolved job spec is their first summary.
 Summaries open_summaries(const config::JobSpec& spec, const TrainContext& ctx, int64_t first_step) {
   Summaries summaries;
-  agree(ctx.group, ctx.cluster, "opening the TensorBoard event files", [&] {
-    if (!ctx.job_dir.is_chief() || !spec.logging.tensorboard) return;
-    ctx.job_dir.write_while_present([&] {
-      summaries = Summaries(ctx.job_dir.logs_dir(), spec.logging, first_step);
-      summaries.job_spec(first_step, config::to_yaml(spec));
-    });
+  chief_writes(ctx.group, ctx.cluster, ctx.job_dir, "opening the TensorBoard event files", [&] {
+    if (!spec.logging.tensorboard) return;
+    summaries = Summaries(ctx.job_dir.logs_dir(), spec.logging, first_step);
+    summaries.job_spec(first_step, config::to_yaml(spec));
   });
   return summaries;
 }
