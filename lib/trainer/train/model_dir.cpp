@@ -1,9 +1,9 @@
 #include "trainer/train/model_dir.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <fmt/format.h>
 #include <tuple>
 
 #include "trainer/config/job_spec.h"
