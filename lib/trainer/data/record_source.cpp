@@ -24,8 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has_glob_chars(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
-
 std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
@@ -62,7 +60,7 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
     // Say which directory is missing when the pattern's fixed part does not exist.
     fs::path fixed;
     for (const auto& part : fs::path(pattern).parent_path()) {
-      if (has_glob_chars(part.string())) break;
+      if (util::has_glob_chars(part.string())) break;
       fixed /= part;
     }
     std::error_code ec;
@@ -324,36 +322,23 @@ Resolved resolve_tfds(const std::string& dir, const std::string& split,
   r.features_error = info.features_error;
   r.supervised_label = info.supervised_label;
   r.tfds = true;
-  // Counts from dataset_info.json: splits[].shardLengths (TFDS 4), as strings or numbers.
-  try {
-    const nlohmann::json j =
-        nlohmann::json::parse(util::read_file(fs::path(dir) / "dataset_info.json"));
-    for (const auto& s : j.value("splits", nlohmann::json::array())) {
-      if (s.value("name", "") != split || !s.contains("shardLengths")) continue;
-      std::vector<int64_t> counts;
-      for (const auto& v : s["shardLengths"]) {
-        if (!v.is_string() && !v.is_number_integer()) {  // a float would be cast: undefined
-          throw std::invalid_argument("a shard length that is not an integer");
-        }
-        const int64_t n = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
-        if (n < 0) throw std::invalid_argument("a negative shard length");
-        counts.push_back(n);
-      }
-      if (counts.size() == r.files.size()) {
-        r.counts = counts;
-        r.counts_from = "dataset_info.json";
-      } else {
-        spdlog::warn(
-            "{}: dataset_info.json lists {} shard lengths for '{}', the directory has {} "
-            "shards; counting the records instead",
-            origin, counts.size(), split, r.files.size());
-      }
+  // Counts from dataset_info.json: splits[].shardLengths (TFDS 4), as read_tfds_info read them.
+  for (const TfdsInfo::Split& s : info.split_info) {
+    if (s.name != split || !s.lengths_declared) continue;
+    if (s.declared_shards < 0) {
+      spdlog::warn(
+          "{}: cannot read the shard lengths in '{}/dataset_info.json' (not all non-negative "
+          "integers); counting the records instead",
+          origin, dir);
+    } else if (s.shard_lengths.size() == r.files.size()) {
+      r.counts = s.shard_lengths;
+      r.counts_from = "dataset_info.json";
+    } else {
+      spdlog::warn(
+          "{}: dataset_info.json lists {} shard lengths for '{}', the directory has {} "
+          "shards; counting the records instead",
+          origin, s.shard_lengths.size(), split, r.files.size());
     }
-  } catch (const std::exception& e) {
-    spdlog::warn(
-        "{}: cannot read the shard lengths in '{}/dataset_info.json' ({}); counting the "
-        "records instead",
-        origin, dir, e.what());
   }
   return r;
 }
@@ -388,7 +373,7 @@ Resolved resolve(const SourceOptions& source, const std::string& field, const st
     }
     if (fs::is_regular_file(p, ec)) {
       r.files.push_back(p);
-    } else if (has_glob_chars(p)) {
+    } else if (util::has_glob_chars(p)) {
       for (auto& f : expand_glob(p, origin)) r.files.push_back(std::move(f));
     } else {
       throw DataError(origin + ": record file '" + p +
@@ -479,7 +464,9 @@ TfdsInfo read_tfds_info(const std::string& dir, const std::string& label_key) {
       TfdsInfo::Split split;
       split.name = s["name"].get<std::string>();
       split.filepath_template = s.value("filepathTemplate", "");
+      split.lengths_declared = s.contains("shardLengths");
       if (const auto lengths = shard_lengths(s)) {
+        split.shard_lengths = *lengths;
         split.declared_shards = static_cast<int64_t>(lengths->size());
         split.declared_examples = 0;
         for (const int64_t n : *lengths) split.declared_examples += n;

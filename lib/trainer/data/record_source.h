@@ -23,9 +23,11 @@ namespace trainer::data {
 struct TfdsInfo {
   struct Split {
     std::string name;
-    int64_t declared_shards = -1;    // len(shardLengths); -1 = not declared or unreadable
-    int64_t declared_examples = -1;  // sum(shardLengths); -1 = likewise
-    std::string filepath_template;   // "" = TFDS's default
+    bool lengths_declared = false;       // dataset_info.json has shardLengths for it
+    std::vector<int64_t> shard_lengths;  // its shardLengths; [] = not declared or unreadable
+    int64_t declared_shards = -1;        // len(shardLengths); -1 = not declared or unreadable
+    int64_t declared_examples = -1;      // sum(shardLengths); -1 = likewise
+    std::string filepath_template;       // "" = TFDS's default
   };
   std::string dir;                       // the version directory holding dataset_info.json
   std::string name;                      // dataset name ("cassava"), "" when not given

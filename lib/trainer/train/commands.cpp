@@ -367,11 +367,7 @@ int run_convert(const ConvertOptions& options, std::ostream& out) {
   if (!std::filesystem::is_regular_file(input)) {
     throw UsageError("convert: '" + options.input + "' is not a file");
   }
-  std::error_code ec;
-  if (std::filesystem::exists(output, ec) && !options.overwrite) {
-    throw UsageError("convert: '" + options.output +
-                     "' exists; give --overwrite to replace it, or another OUT");
-  }
+  util::refuse_existing_output(output, options.overwrite, "convert", "OUT");
   if (std::filesystem::path(output).extension() != ".safetensors") {
     throw UsageError("convert: OUT '" + options.output + "' must end in .safetensors");
   }

@@ -26,18 +26,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has_glob_chars(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
-
 // An output file that must not exist unless --overwrite (nothing is written before the check).
 void check_output(const std::string& path, bool overwrite, const std::string& command) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     throw UsageError(command + ": --out '" + path + "' is a directory, expected a file name");
   }
-  if (fs::exists(path, ec) && !overwrite) {
-    throw UsageError(command + ": --out '" + path +
-                     "' exists; give --overwrite to replace it, or another --out");
-  }
+  util::refuse_existing_output(path, overwrite, command, "--out");
 }
 
 // Every image the inputs name, in the order given (a directory's and a glob's sorted).
@@ -66,7 +61,7 @@ std::vector<std::string> list_inputs(const PredictOptions& o) {
       } else {
         images.push_back(p);
       }
-    } else if (has_glob_chars(p)) {
+    } else if (util::has_glob_chars(p)) {
       glob_t g{};
       const int rc = ::glob(p.c_str(), 0, nullptr, &g);
       std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));

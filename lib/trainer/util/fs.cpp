@@ -98,6 +98,15 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
+void refuse_existing_output(const fs::path& path, bool overwrite, const std::string& command,
+                            const std::string& option) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !overwrite) {
+    throw UsageError(command + ": " + option + " '" + path.string() +
+                     "' exists; give --overwrite to replace it, or another " + option);
+  }
+}
+
 void write_file_atomic(const fs::path& path, const std::string& bytes) {
   fs::path tmp = path;
   tmp += ".tmp-" + std::to_string(::getpid());

@@ -14,6 +14,17 @@ namespace fs = std::filesystem;
 // Writes `bytes` to `path` via `path.tmp-<pid>`, fsyncs the file and its directory, renames.
 void write_file_atomic(const fs::path& path, const std::string& bytes);
 
+// For a command's output file: throws UsageError "<command>: <option> 'PATH' exists; give
+// --overwrite to replace it, or another <option>" when `path` exists and !overwrite. Call it
+// before anything is written.
+void refuse_existing_output(const fs::path& path, bool overwrite, const std::string& command,
+                            const std::string& option);
+
+// True when `pattern` has a glob(3) wildcard (* ? [).
+inline bool has_glob_chars(const std::string& pattern) {
+  return pattern.find_first_of("*?[") != std::string::npos;
+}
+
 // fsync a directory (so a rename inside it is durable).
 void fsync_dir(const fs::path& dir);
 
