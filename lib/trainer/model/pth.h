@@ -1,11 +1,11 @@
 // State dicts saved by PyTorch's torch.save (torchvision's resnet50-*.pth and the like), read
 // without Python: the zip container (PyTorch >= 1.6; its stored records read directly, each
 // bounded and CRC-32 checked), the legacy stream (before 1.6: a row of pickles, then the raw
-// storages), and the pickle in either through a restricted unpickler of our own. LibTorch's
-// torch::pickle_load cannot read these files (it turns collections.OrderedDict into None and
-// rejects SETITEM), and Python's pickle would run any callable the file names; ours runs nothing:
-// it knows tensors, storages, the containers and scalars a state dict is made of, and every
-// other global is an inert value that makes the load fail only if the state dict holds it.
+// storages), and the pickle in either through a restricted unpickler of our own (unpickler.h).
+// LibTorch's torch::pickle_load cannot read these files (it turns collections.OrderedDict into
+// None and rejects SETITEM), and Python's pickle would run any callable the file names; ours runs
+// nothing: it knows tensors, storages, the containers and scalars a state dict is made of, and
+// every other global is an inert value that makes the load fail only if the state dict holds it.
 //
 // Accepted shapes: a dict of name -> tensor (model.state_dict()), or a checkpoint dict whose
 // "model", "state_dict", "model_state_dict" or "model_ema" entry is one (torchvision's reference
