@@ -16,16 +16,19 @@
 #   carry-pack      (--dry-run only) runs scripts/gpu-carry.sh, which prints the carry's MiB
 #   carry-unpack    .gpu-carry/carry.tar.xz -> WORK/carry/prefix (a /usr-like prefix, P)
 #   carry-smoke     OpenCV from the carry loads (every stub in the path) and round-trips
-#                   JPEG/PNG/BMP/TIFF/WebP/JPEG 2000
+#                   JPEG/PNG/BMP/TIFF/WebP/JPEG 2000; a graph written with libonnx runs through
+#                   OpenCV's DNN, both on the carry's one protobuf runtime
 #   configure       CMake, Release, Ninja, -DTRAINER_JEMALLOC=OFF, LibTorch = the machine's own
 #                   (python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'; --dry-run:
 #                   Debian's, from CMake's default path), every other package from P (each
 #                   *_DIR / Protobuf_* / ZLIB_* given explicitly, P/include first on the include
-#                   path), then checks that CMake took each from P; on the GPU the build must
-#                   have CUDA support
+#                   path; protobuf shared, as libonnx and OpenCV's DNN link it), then checks that
+#                   CMake took each from P; on the GPU the build must have CUDA support
 #   build           the trainer (ninja -j<cores> trainer)
 #   carry-resolve   ldd -r of the trainer: every library of ours resolves into the carry,
-#                   nothing is missing, no carried library has an undefined symbol
+#                   nothing is missing, no carried library has an undefined symbol, and the
+#                   carry's libprotobuf.so.32 is the one protobuf runtime in the process (the
+#                   trainer and LibTorch hold none of their own)
 #   unit-tests      builds the unit-test executables (the unit_* targets, nothing else), then
 #                   ctest -R '^unit_' on this build (the CUDA build on the GPU machine)
 #   sync-debug      4 CUDA steps with TRAINER_CUDA_SYNC_DEBUG=error: after the first step a
@@ -218,7 +221,8 @@ s_carry_unpack() {
 
 s_carry_smoke() {
   c++ -std=c++17 -O1 -o "$work/carry-smoke" "$P/share/trainer-carry/smoke.cpp" \
-    -I"$P/include/opencv4" -L"$P/lib/$arch" -lopencv_imgcodecs -lopencv_imgproc -lopencv_core \
+    -I"$P/include" -I"$P/include/opencv4" -DONNX_NAMESPACE=onnx -DONNX_ML=1 -L"$P/lib/$arch" \
+    -lopencv_dnn -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lonnx -lonnx_proto -lprotobuf \
     -Wl,-rpath-link,"$P/lib/$arch:$P/lib/stubs" || fail "compiling the smoke test"
   LD_LIBRARY_PATH=$P/lib/$arch:$P/lib/stubs "$work/carry-smoke" || fail "the smoke test"
 }
@@ -256,6 +260,10 @@ for sp in site.getsitepackages():
   fi
   local py_for_tests
   py_for_tests=$(command -v "$py")
+  # Protobuf_LIBRARY is the shared libprotobuf.so (.so.32), as in the ordinary Debian build: the
+  # carry's libonnx, libonnx_proto and libopencv_dnn link that library, so a libprotobuf.a in the
+  # trainer would put a second protobuf runtime in the process (the carry no longer has one).
+  # LibTorch meets no other copy either: pip's hides its static protobuf, Debian's links this one.
   local args=(
     -S "$repo" -B "$build" -G Ninja
     -DCMAKE_BUILD_TYPE=Release -DTRAINER_JEMALLOC=OFF
@@ -269,8 +277,9 @@ for sp in site.getsitepackages():
     "-DCLI11_DIR=$P/share/cmake/CLI11"
     "-DCatch2_DIR=$P/lib/cmake/Catch2"
     "-DProtobuf_INCLUDE_DIR=$P/include"
-    "-DProtobuf_LIBRARY=$P/lib/$arch/libprotobuf.a"
+    "-DProtobuf_LIBRARY=$P/lib/$arch/libprotobuf.so"
     "-DProtobuf_PROTOC_EXECUTABLE=$P/bin/protoc"
+    "-DONNX_DIR=$P/lib/$arch/cmake/ONNX"
     "-DZLIB_INCLUDE_DIR=$P/include"
     "-DZLIB_LIBRARY=$P/lib/$arch/libz.so"
     "-DTRAINER_PYTHON=$py_for_tests"
@@ -310,7 +319,7 @@ for sp in site.getsitepackages():
   grep -qxF libopencv_core.so.406 <<<"$torch_needs" &&
     note "this LibTorch links OpenCV itself, so OpenCV's real dependencies load and no stub is used"
   note "stubs on the library path: ${kept[*]:-none}${dropped:+; left to the libraries LibTorch loads: ${dropped[*]}}"
-  for v in OpenCV_DIR yaml-cpp_DIR spdlog_DIR fmt_DIR nlohmann_json_DIR Catch2_DIR \
+  for v in OpenCV_DIR yaml-cpp_DIR spdlog_DIR fmt_DIR nlohmann_json_DIR Catch2_DIR ONNX_DIR \
            Protobuf_INCLUDE_DIR Protobuf_LIBRARY Protobuf_PROTOC_EXECUTABLE ZLIB_INCLUDE_DIR ZLIB_LIBRARY; do
     local val
     val=$(sed -n "s/^$v:[A-Z]*=//p" "$cache" | head -n 1)
@@ -340,12 +349,29 @@ s_carry_resolve() {
   missing=$(grep "not found" <<<"$out")
   [[ -z $missing ]] || { echo "missing: $missing"; bad=1; }
   for s in libopencv_core.so.406 libopencv_imgproc.so.406 libopencv_imgcodecs.so.406 \
-           libyaml-cpp.so.0.7 libspdlog.so.1.10 libfmt.so.9 libjpeg.so.62 libpng16.so.16 libtiff.so.6; do
+           libyaml-cpp.so.0.7 libspdlog.so.1.10 libfmt.so.9 libjpeg.so.62 libpng16.so.16 libtiff.so.6 \
+           libonnx.so.1 libonnx_proto.so.1 libprotobuf.so.32; do
     if ! grep -q "^[[:space:]]*$s => $work/" <<<"$out"; then
       echo "not from the carry: $(grep "$s" <<<"$out" || echo "$s (absent)")"
       bad=1
     fi
   done
+  # One protobuf runtime in the process: the carry's libprotobuf.so.32, which libonnx_proto and
+  # libopencv_dnn link too. Nothing else may define the runtime (its DescriptorPool::
+  # generated_pool()): not the trainer (a libprotobuf.a linked in defines it and exports only
+  # what the shared libraries use, leaving two half-shared copies), not LibTorch (pip's builds
+  # its own protobuf with -fvisibility=hidden; Debian's links libprotobuf.so.32), and no other
+  # libprotobuf. (Those are the candidates: nm over every library loaded takes ~40 s here.)
+  local gp=_ZN6google8protobuf14DescriptorPool14generated_poolEv lib owners=""
+  nm --defined-only "$T" 2>/dev/null | grep -qE " T $gp(@.*)?\$" && owners+=" $T"
+  while IFS= read -r lib; do
+    [[ $lib == "$P/lib/$arch/libprotobuf.so.32" ]] && continue
+    nm -D --defined-only "$lib" 2>/dev/null | grep -qE " T $gp(@.*)?\$" && owners+=" $lib"
+  done < <(sed -n 's/^[[:space:]]*\(libprotobuf\|libtorch\|libc10\)[^ ]* => \(\/[^ ]*\) (0x.*/\2/p' <<<"$out")
+  if [[ -n $owners ]]; then
+    echo "a protobuf runtime beside the carry's libprotobuf.so.32 in:$owners"
+    bad=1
+  fi
   # Undefined symbols: none may be in a carried library or a system one (a stub that shadows a
   # library something else needs shows up there); LibTorch's own are only counted.
   local torch_dir undef others
