@@ -398,7 +398,7 @@ TEST_CASE("ai-platform.yaml's cluster: the master is the chief as 'chief' and as
                                                           std::to_string(std::max(task, 0)) + "}}");
       CHECK(spec.world_size == 1 + workers);
       CHECK(spec.chief_address == "master-0:2222");
-      CHECK(spec.is_chief == (task < 0));
+      CHECK(spec.is_chief() == (task < 0));
       ranks.insert(spec.rank);
     }
     CHECK(ranks.size() == static_cast<size_t>(1 + workers));

@@ -304,15 +304,12 @@ ClusterSpec parse_tf_config(const std::string& text) {
   if (type == "evaluator") {
     spec.task_type = "evaluator";
     spec.rank = -1;
-    spec.is_chief = false;
   } else if (type == "worker") {
     spec.task_type = "worker";
     spec.rank = spec.task_index + (spec.has_chief_task ? 1 : 0);
-    spec.is_chief = spec.rank == 0;
   } else {  // chief or master
     spec.task_type = "chief";
     spec.rank = 0;
-    spec.is_chief = true;
   }
   return spec;
 }
@@ -322,7 +319,7 @@ nlohmann::json to_json(const ClusterSpec& spec) {
           {"task_index", spec.task_index},
           {"rank", spec.rank},
           {"world_size", spec.world_size},
-          {"is_chief", spec.is_chief},
+          {"is_chief", spec.is_chief()},
           {"chief_address", spec.chief_address},
           {"own_address", spec.own_address}};
 }

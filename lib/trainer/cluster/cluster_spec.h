@@ -1,7 +1,8 @@
 // This process's place in the training cluster, parsed from TF_CONFIG by the rules of TensorFlow's
 // TFConfigClusterResolver and multi_worker_util (MultiWorkerMirroredStrategy: chief + workers,
-// all-reduce; no parameter servers). parse_tf_config() is pure; cluster_from_env() reads the
-// environment. ClusterSpec is a plain value; everything here is thread-safe.
+// all-reduce; no parameter servers). parse_tf_config() is pure; cluster_from_env()
+// (environment.h) reads the environment. ClusterSpec is a plain value; everything here is
+// thread-safe.
 //
 // The rules, in brief:
 //   - no TF_CONFIG, an empty one, no `cluster` (or an empty one): one local worker, its own chief;
@@ -27,23 +28,23 @@ struct ClusterSpec {
   int task_index = 0;                // index within task_type's list in TF_CONFIG
   int rank = 0;                      // 0 = chief; -1 for an evaluator (not in the training world)
   int world_size = 1;                // training replicas (chief + workers)
-  bool is_chief = true;
-  std::string chief_address;  // host:port of the chief ("" when single-process)
-  std::string own_address;    // this task's host:port ("" when single-process, or an evaluator
-                              // that the cluster does not list)
+  std::string chief_address;         // host:port of the chief ("" when single-process)
+  std::string own_address;  // this task's host:port ("" when single-process, or an evaluator
+                            // that the cluster does not list)
   std::vector<std::string> worker_addresses;  // training tasks in rank order, chief first
                                               // (empty when single-process)
   bool has_chief_task = false;                // the cluster has a `chief` (or `master`) task
   int num_workers = 1;  // tasks of type `worker` (world_size = has_chief_task + this)
+
+  // The one rule for who the chief is: the training task of rank 0 (the `chief` task, else
+  // worker 0; an evaluator, rank -1, never is). What only the chief writes goes through
+  // train's chief_writes(); nothing else asks.
+  bool is_chief() const { return rank == 0; }
 };
 
 // The ClusterSpec a TF_CONFIG document describes; empty text = single local worker. Pure (logs one
 // info line when it takes `master` as the chief). Throws ConfigError ("TF_CONFIG: ...").
 ClusterSpec parse_tf_config(const std::string& text);
-
-// This process's ClusterSpec from the source distributed.cluster names (auto | tf_config | slurm |
-// torchrun; launch_env.h): TF_CONFIG by default. Throws ConfigError.
-ClusterSpec cluster_from_env(const std::string& source = "auto");
 
 // The host and the port of a "host:port" or "[ipv6]:port" address ("[::1]:2222" -> "::1", 2222).
 // Throws ConfigError naming the address when it is malformed.

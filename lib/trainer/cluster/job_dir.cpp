@@ -9,7 +9,7 @@ namespace trainer::cluster {
 
 JobDir::JobDir(fs::path root, const ClusterSpec& cluster)
     : root_(std::move(root)),
-      is_chief_(cluster.is_chief),
+      is_chief_(cluster.is_chief()),
       is_evaluator_(cluster.task_type == "evaluator") {
   write_dir_ = is_chief_       ? root_
                : is_evaluator_ ? root_ / "eval"

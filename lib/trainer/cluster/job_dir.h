@@ -20,7 +20,6 @@ class JobDir {
   JobDir(fs::path root, const ClusterSpec& cluster);
 
   const fs::path& root() const { return root_; }
-  bool is_chief() const { return is_chief_; }
 
   // Where this process writes: the job dir itself on the chief, eval/ on the evaluator, its
   // workertemp_<i> on another worker.

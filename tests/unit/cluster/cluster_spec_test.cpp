@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "trainer/cluster/cluster_spec.h"
+#include "trainer/cluster/environment.h"
 #include "trainer/util/error.h"
 
 using Catch::Matchers::Contains;
@@ -40,21 +41,26 @@ std::string doc(const std::string& cluster, const std::string& task) {
   return "{" + cluster + R"(, "task": )" + task + "}";
 }
 
+// A ClusterSpec to compare with, and whether its task is the chief (ClusterSpec::is_chief()).
+struct Expected : ClusterSpec {
+  bool chief = true;
+};
+
 struct Valid {
   std::string name;
   std::string text;
-  ClusterSpec want;
+  Expected want;
 };
 
-ClusterSpec spec(std::string type, int index, int rank, int world, bool chief,
-                 std::string chief_address, std::string own, std::vector<std::string> addresses,
-                 bool has_chief, int workers) {
-  ClusterSpec s;
+Expected spec(std::string type, int index, int rank, int world, bool chief,
+              std::string chief_address, std::string own, std::vector<std::string> addresses,
+              bool has_chief, int workers) {
+  Expected s;
   s.task_type = std::move(type);
   s.task_index = index;
   s.rank = rank;
   s.world_size = world;
-  s.is_chief = chief;
+  s.chief = chief;
   s.chief_address = std::move(chief_address);
   s.own_address = std::move(own);
   s.worker_addresses = std::move(addresses);
@@ -63,7 +69,7 @@ ClusterSpec spec(std::string type, int index, int rank, int world, bool chief,
   return s;
 }
 
-const ClusterSpec kLocal = ClusterSpec{};  // one local worker, its own chief
+const Expected kLocal = Expected{};  // one local worker, its own chief
 const std::vector<std::string> kCW = {"c:2222", "w0:2222", "w1:2222"};
 const std::vector<std::string> kW = {"w0:2222", "w1:2222"};
 
@@ -191,7 +197,7 @@ TEST_CASE("valid TF_CONFIG documents give this task's role", "[cluster]") {
       CHECK(got.task_index == c.want.task_index);
       CHECK(got.rank == c.want.rank);
       CHECK(got.world_size == c.want.world_size);
-      CHECK(got.is_chief == c.want.is_chief);
+      CHECK(got.is_chief() == c.want.chief);
       CHECK(got.chief_address == c.want.chief_address);
       CHECK(got.own_address == c.want.own_address);
       CHECK(got.worker_addresses == c.want.worker_addresses);
@@ -221,7 +227,7 @@ TEST_CASE("every rank of a cluster is distinct and rank 0 alone is chief", "[clu
       for (const std::string& task : tasks) {
         const ClusterSpec s = parse_tf_config(doc(cluster, task));
         CHECK(s.world_size == workers + (with_chief ? 1 : 0));
-        CHECK(s.is_chief == (s.rank == 0));
+        CHECK(s.is_chief() == (s.rank == 0));
         CHECK(s.worker_addresses.at(static_cast<size_t>(s.rank)) == s.own_address);
         CHECK(s.chief_address == s.worker_addresses.front());
         ranks.push_back(s.rank);
@@ -453,7 +459,7 @@ TEST_CASE("cluster_from_env reads TF_CONFIG", "[cluster]") {
     CHECK(s.task_type == "worker");
     CHECK(s.rank == 0);
     CHECK(s.world_size == 1);
-    CHECK(s.is_chief);
+    CHECK(s.is_chief());
     CHECK(s.own_address.empty());
     CHECK(s.worker_addresses.empty());
   }
@@ -461,14 +467,14 @@ TEST_CASE("cluster_from_env reads TF_CONFIG", "[cluster]") {
     ScopedEnv env("TF_CONFIG", std::string());
     const ClusterSpec s = cluster_from_env();
     CHECK(s.world_size == 1);
-    CHECK(s.is_chief);
+    CHECK(s.is_chief());
   }
   SECTION("a cluster of three") {
     ScopedEnv env("TF_CONFIG", doc(kCluster, R"({"type": "worker", "index": "1"})"));
     const ClusterSpec s = cluster_from_env();
     CHECK(s.rank == 2);
     CHECK(s.world_size == 3);
-    CHECK_FALSE(s.is_chief);
+    CHECK_FALSE(s.is_chief());
     CHECK(s.chief_address == "c:2222");
     CHECK(s.own_address == "w1:2222");
   }
