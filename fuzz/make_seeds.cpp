@@ -13,14 +13,14 @@
 #include <sstream>
 
 #include "small_module.h"
-#include "trainer/cluster/launcher.h"
 #include "trainer/config/job_spec.h"
-#include "trainer/data/synthetic.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/data/tf_example.h"
 #include "trainer/data/tfrecord.h"
+#include "trainer/launch/plan.h"
+#include "trainer/loop/checkpoint.h"
+#include "trainer/loop/model_dir.h"
 #include "trainer/model/safetensors.h"
-#include "trainer/train/checkpoint.h"
-#include "trainer/train/model_dir.h"
 #include "trainer/util/fs.h"
 
 using namespace trainer;
@@ -64,13 +64,13 @@ int main(int argc, char** argv) {
 
   // Images (JPEG as make-dataset writes them; PNG and BMP re-encoded by the same renderer) and
   // the csv manifest over them.
-  data::SyntheticOptions images;
+  synth::SyntheticOptions images;
   images.out_dir = (work / "jpeg").string();
   images.classes = 3;
   images.per_class = 2;
   images.image_size = 24;
   images.splits = {"train"};
-  data::make_synthetic_dataset(images);
+  synth::make_synthetic_dataset(images);
   std::string csv = "image_id,label\n";
   for (const auto& entry : fs::recursive_directory_iterator(work / "jpeg")) {
     if (!entry.is_regular_file()) continue;
@@ -84,13 +84,13 @@ int main(int argc, char** argv) {
 
   // TFRecord shards (plain and gzip) of tf.train.Example records, as make-dataset writes them.
   for (const char* compression : {"none", "gzip"}) {
-    data::SyntheticOptions records = images;
+    synth::SyntheticOptions records = images;
     records.out_dir = (work / compression).string();
     records.format = "tfrecord";
     records.shards = 1;
     records.per_class = 1;
     records.compression = compression;
-    const data::SyntheticSummary summary = data::make_synthetic_dataset(records);
+    const synth::SyntheticSummary summary = synth::make_synthetic_dataset(records);
     for (const std::string& file : summary.files) {
       const char selector = compression == std::string("gzip") ? 1 : 0;
       put(out, "tfrecord", std::string(1, selector) + read_all(file));
@@ -118,14 +118,14 @@ int main(int argc, char** argv) {
 
   // TF_CONFIG as the launcher sets it (workers only; with a chief; with an evaluator).
   for (const bool chief : {false, true}) {
-    cluster::LaunchOptions launch;
+    launch::LaunchOptions launch;
     launch.workers = 2;
     launch.chief = chief;
     launch.evaluator = chief;
     launch.args = {"--job-dir", "x"};
     std::vector<int> ports;
     for (int i = 0; i < launch.workers + (chief ? 2 : 0); ++i) ports.push_back(2222 + i);
-    for (const cluster::LaunchTask& task : cluster::plan_launch(launch, ports)) {
+    for (const launch::LaunchTask& task : launch::plan_launch(launch, ports)) {
       put(out, "tf_config", task.tf_config);
     }
   }

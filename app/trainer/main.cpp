@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/cluster/launcher.h"
 #include "trainer/config/job_spec.h"
-#include "trainer/train/commands.h"
+#include "trainer/job/commands.h"
+#include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
@@ -182,7 +182,7 @@ int run(int argc, char** argv) {
   std::string inspect_cluster;
   add_cluster_option(inspect_cmd, &inspect_cluster);
 
-  cluster::LaunchOptions launch_opts;
+  launch::LaunchOptions launch_opts;
   auto* launch_cmd = app.add_subcommand(
       "launch", "Run a local cluster: N processes on 127.0.0.1, each with its own TF_CONFIG");
   launch_cmd->add_option("--workers", launch_opts.workers, "Worker processes (1..64)")
@@ -266,7 +266,7 @@ int run(int argc, char** argv) {
   if (*export_cmd) return train::run_export(export_opts, std::cout);
   if (*launch_cmd) {
     launch_opts.pin_cpus = !no_pin;
-    return cluster::run_launch(launch_opts);
+    return launch::run_launch(launch_opts);
   }
   return exit_code(ErrorKind::kUsage);
 }

@@ -4,13 +4,14 @@
 #include <initializer_list>
 #include <vector>
 
+#include "trainer/cluster/slurm.h"
 #include "trainer/util/error.h"
 
 namespace trainer::cluster {
 
 namespace {
 
-constexpr int kMaxLocal = 65536;  // as WORLD_SIZE's bound in launch_env.cpp
+constexpr int kMaxLocal = 65536;  // as WORLD_SIZE's bound in torchrun.cpp
 
 // The value of `name` as an integer of at least `min` (0: a rank, 1: a count) and at most
 // kMaxLocal. Throws ConfigError naming the variable and the value.

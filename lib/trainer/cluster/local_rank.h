@@ -8,7 +8,7 @@
 #include <string>
 
 #include "trainer/cluster/cluster_spec.h"
-#include "trainer/cluster/launch_env.h"
+#include "trainer/cluster/environment.h"
 
 namespace trainer::cluster {
 

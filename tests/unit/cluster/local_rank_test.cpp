@@ -7,7 +7,7 @@
 #include <string>
 
 #include "trainer/cluster/cluster_spec.h"
-#include "trainer/cluster/launch_env.h"
+#include "trainer/cluster/environment.h"
 #include "trainer/cluster/local_rank.h"
 #include "trainer/util/error.h"
 

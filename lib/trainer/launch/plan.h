@@ -1,19 +1,15 @@
-// `trainer launch`: runs a whole training cluster on this machine. Starts N worker processes (plus
-// a chief) on one host, each with its own TF_CONFIG as AI Platform sets it on each machine (and
-// LOCAL_RANK, LOCAL_WORLD_SIZE as torchrun sets them, which pick each process's GPU), prefixes
-// every line of their stdout/stderr with the task name ("[chief] ", "[worker 1] "), forwards
-// SIGINT/SIGTERM to them, and when one fails stops the others (after an exit 4, once they have
-// had a few seconds to stop on their own with their own cause) and returns its exit code
-// (or, with --max-restarts, starts them all again).
-// POSIX only (fork/exec, pipes, poll, process groups). run_launch() owns the children it starts
-// and installs its own SIGINT/SIGTERM/SIGCHLD handlers for its duration: one launch at a time per
-// process, from one thread.
+// `trainer launch`'s plan: which processes a local training cluster has and what each one gets.
+// LaunchOptions (the command's options); one LaunchTask per process with its TF_CONFIG, as AI
+// Platform sets it on each machine, and LOCAL_RANK, LOCAL_WORLD_SIZE, as torchrun sets them (they
+// pick each process's GPU); each process's slice of the CPUs and its environment; and which
+// failures a restart may fix. supervisor.h starts and watches the processes.
+// Pure functions over plain values; thread-safe.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace trainer::cluster {
+namespace trainer::launch {
 
 struct LaunchOptions {
   int workers = 2;     // worker processes, 1..64 (--workers)
@@ -43,6 +39,13 @@ struct LaunchOptions {
   int max_restarts = 0;
 };
 
+// The processes `options` start: the workers, plus the chief and the evaluator when asked for.
+int process_count(const LaunchOptions& options);
+
+// Throws UsageError naming --workers / --base-port / the missing train arguments (or the host or
+// stop_grace_s) when `options` cannot be launched.
+void validate_options(const LaunchOptions& options);
+
 // The CPUs of each of `processes` processes: `cpus` cut into contiguous slices of near-equal
 // size (the first ones get one more). Empty slices (no pinning) when cpus.size() < processes.
 std::vector<std::vector<int>> split_cpus(const std::vector<int>& cpus, int processes);
@@ -63,18 +66,34 @@ struct LaunchTask {
 // The cluster `options` describe, given one port per process (chief first): every task's
 // TF_CONFIG lists the whole cluster ({"cluster": {"chief": [..], "worker": [..]}, "task": {..}}),
 // and each training task has its local rank (its rank: they all run on this host).
-// Pure. Throws UsageError naming --workers / --base-port / the missing train arguments.
+// Throws UsageError naming --workers / --base-port / the missing train arguments.
 std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports);
 
-// `count` distinct ports that are free on `host` now (each bound to port 0 and read back; all
-// held until the last is picked, then released). Another process may still take one before the
-// cluster binds it. Throws Error(kInternal) when the host cannot be bound.
-std::vector<int> pick_free_ports(const std::string& host, int count);
+// The plan in one line, for the log: "chief 127.0.0.1:5000, worker 0 127.0.0.1:5001".
+std::string describe_plan(const std::vector<LaunchTask>& tasks);
 
-// Starts the cluster and waits for it: 0 when every process exits 0, else the exit code of the
-// first process that failed (128 + S for one killed by signal S) once no restart is left. Logs
-// (spdlog, stderr) the plan, which task failed first with the last error it logged, and each
-// restart with that cause. Throws UsageError for bad options (before starting anything).
-int run_launch(const LaunchOptions& options);
+// The environment of `task`'s process ("NAME=value" entries): `inherited` (the launcher's), with
+// TF_CONFIG, LOCAL_RANK and LOCAL_WORLD_SIZE replaced (the evaluator gets no local rank).
+std::vector<std::string> child_environment(const std::vector<std::string>& inherited,
+                                           const LaunchTask& task);
 
-}  // namespace trainer::cluster
+// A failure a restart may fix: a process that died (killed, crashed; 128 + signal) or failed
+// with a data (3) or distributed (4) error. Not: a usage or config error (2), an internal error
+// (1), a stop asked for by SIGINT/SIGTERM (130, 143).
+bool restartable(int exit_code);
+
+// What run_launch does once one start of the whole group has ended.
+enum class Restart {
+  kNo,              // return the code: it is 0, or --max-restarts is 0
+  kNoAfterSignal,   // return it: the launcher was asked to stop (SIGINT/SIGTERM)
+  kNoNotFixable,    // return it: a failure a restart would not fix (!restartable)
+  kNoRestartsLeft,  // return it: --max-restarts restarts have been made
+  kYes,             // start every process again
+};
+
+// The decision for a group that ended with `exit_code` (0, or the code of the process that failed
+// first), `stopped_by_signal` when the launcher forwarded a SIGINT/SIGTERM, after
+// `restarts_done` restarts of at most `max_restarts`.
+Restart decide_restart(int exit_code, bool stopped_by_signal, int restarts_done, int max_restarts);
+
+}  // namespace trainer::launch

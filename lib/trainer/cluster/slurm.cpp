@@ -1,31 +1,16 @@
-#include "trainer/cluster/launch_env.h"
+#include "trainer/cluster/slurm.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "trainer/util/address.h"
 #include "trainer/util/error.h"
-
-extern char** environ;  // NOLINT: POSIX
 
 namespace trainer::cluster {
 
 namespace {
 
 constexpr size_t kMaxHosts = 100000;
-
-long require_int(const Environment& env, const std::string& source, const std::string& name,
-                 long min, long max) {
-  const std::string v = env_value(env, name);
-  if (v.empty()) throw ConfigError(source + ": " + name + " is not set");
-  const long n = parse_count(v);
-  if (n < min || n > max) {
-    throw ConfigError(source + ": " + name + " must be an integer in [" + std::to_string(min) +
-                      ", " + std::to_string(max) + "], got '" + v + "'");
-  }
-  return n;
-}
 
 // Splits at commas outside brackets.
 std::vector<std::string> split_top(const std::string& s) {
@@ -87,44 +72,7 @@ void expand_one(const std::string& item, const std::string& bad, std::vector<std
   }
 }
 
-std::string address(const std::string& host, long port) { return util::host_port(host, port); }
-
 }  // namespace
-
-std::string env_value(const Environment& env, const std::string& name) {
-  const auto it = env.find(name);
-  return it == env.end() ? "" : it->second;
-}
-
-std::string first_set(const Environment& env, std::initializer_list<const char*> names,
-                      std::string* which) {
-  for (const char* n : names) {
-    const std::string v = env_value(env, n);
-    if (!v.empty()) {
-      if (which != nullptr) *which = n;
-      return v;
-    }
-  }
-  return "";
-}
-
-long parse_count(const std::string& s) {
-  if (s.empty() || s.size() > 9 ||
-      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return -1;
-  }
-  return std::stol(s);
-}
-
-Environment process_environment() {
-  Environment env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
-}
 
 std::vector<std::string> expand_hostlist(const std::string& list, const std::string& what) {
   const std::string bad = what + ": expected a SLURM host list such as node[01-04,07],gpu5, got '" +
@@ -211,7 +159,7 @@ std::string tf_config_from_slurm(const Environment& env) {
         own_node = nodes[n];
         own_local = j;
       }
-      workers.push_back(address(nodes[n], base + j));
+      workers.push_back(util::host_port(nodes[n], base + j));
     }
   }
   const std::string node_name = env_value(env, "SLURMD_NODENAME");
@@ -226,53 +174,6 @@ std::string tf_config_from_slurm(const Environment& env) {
   const nlohmann::json doc = {{"cluster", {{"worker", workers}}},
                               {"task", {{"type", "worker"}, {"index", procid}}}};
   return doc.dump();
-}
-
-ClusterSpec cluster_from_torchrun(const Environment& env) {
-  const long world = require_int(env, "torchrun", "WORLD_SIZE", 1, 65536);
-  const long rank = require_int(env, "torchrun", "RANK", 0, world - 1);
-  if (world == 1) return ClusterSpec{};
-  const std::string master = env_value(env, "MASTER_ADDR");
-  if (master.empty()) throw ConfigError("torchrun: MASTER_ADDR is not set");
-  // Under torchrun's static rendezvous the agent's own store holds MASTER_PORT.
-  const bool agent_store = env_value(env, "TORCHELASTIC_USE_AGENT_STORE") == "True";
-  const long port = require_int(env, "torchrun", "MASTER_PORT", 1, agent_store ? 65534 : 65535) +
-                    (agent_store ? 1 : 0);
-  ClusterSpec spec;
-  spec.task_type = "worker";
-  spec.task_index = static_cast<int>(rank);
-  spec.rank = static_cast<int>(rank);
-  spec.world_size = static_cast<int>(world);
-  spec.num_workers = static_cast<int>(world);
-  spec.is_chief = rank == 0;
-  spec.chief_address = address(master, port);
-  spec.own_address = rank == 0 ? spec.chief_address : "";  // others: Gloo picks this host
-  spec.worker_addresses.push_back(spec.chief_address);
-  for (long r = 1; r < world; ++r)
-    spec.worker_addresses.push_back("torchrun RANK " + std::to_string(r));
-  return spec;
-}
-
-ClusterSpec cluster_from(const std::string& source, const Environment& env) {
-  if (source == "tf_config") return parse_tf_config(env_value(env, "TF_CONFIG"));
-  if (source == "slurm") return parse_tf_config(tf_config_from_slurm(env));
-  if (source == "torchrun") return cluster_from_torchrun(env);
-  if (source != "auto") {
-    throw ConfigError("distributed.cluster: expected one of auto|tf_config|slurm|torchrun, got '" +
-                      source + "'");
-  }
-  const std::string tf_config = env_value(env, "TF_CONFIG");
-  if (tf_config.find_first_not_of(" \t\r\n") != std::string::npos) {
-    return parse_tf_config(tf_config);
-  }
-  if (!env_value(env, "RANK").empty() && !env_value(env, "WORLD_SIZE").empty()) {
-    return cluster_from_torchrun(env);
-  }
-  return ClusterSpec{};
-}
-
-ClusterSpec cluster_from_env(const std::string& source) {
-  return cluster_from(source, process_environment());
 }
 
 }  // namespace trainer::cluster

@@ -1,13 +1,14 @@
-// SLURM and torchrun-style environments -> the ClusterSpec TF_CONFIG would give: SLURM's host
-// lists and task counts, the TF_CONFIG document derived from a fake `srun` environment, the
-// torchrun variables, the `auto` order, and an error naming the variable for each bad input.
+// SLURM's environment -> the ClusterSpec TF_CONFIG would give: SLURM's host lists and task
+// counts, the TF_CONFIG document derived from a fake `srun` environment, and an error naming the
+// variable for each bad input.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "trainer/cluster/launch_env.h"
+#include "trainer/cluster/environment.h"
+#include "trainer/cluster/slurm.h"
 #include "trainer/util/error.h"
 
 using namespace trainer;
@@ -57,10 +58,10 @@ TEST_CASE("a fake srun environment gives the expected TF_CONFIG and role", "[clu
   const ClusterSpec spec = cluster_from("slurm", srun_env("3", "gpu2", "1"));
   CHECK(spec.rank == 3);
   CHECK(spec.world_size == 4);
-  CHECK_FALSE(spec.is_chief);
+  CHECK_FALSE(spec.is_chief());
   CHECK(spec.chief_address == "gpu1:2222");
   CHECK(spec.own_address == "gpu2:2223");
-  CHECK(cluster_from("slurm", srun_env("0", "gpu1", "0")).is_chief);
+  CHECK(cluster_from("slurm", srun_env("0", "gpu1", "0")).is_chief());
 
   Environment env = srun_env("1", "gpu1", "1");
   env["MASTER_PORT"] = "29500";
@@ -95,52 +96,4 @@ TEST_CASE("a bad or inconsistent srun environment names the variable", "[cluster
   fails(env, "past port 65535");
   env["MASTER_PORT"] = "http";
   fails(env, "MASTER_PORT must be an integer");
-}
-
-TEST_CASE("torchrun's variables give the rank and the chief's address", "[cluster][torchrun]") {
-  Environment env = {{"RANK", "1"},
-                     {"WORLD_SIZE", "3"},
-                     {"MASTER_ADDR", "10.0.0.1"},
-                     {"MASTER_PORT", "29500"},
-                     {"LOCAL_RANK", "1"}};
-  ClusterSpec spec = cluster_from("auto", env);
-  CHECK(spec.rank == 1);
-  CHECK(spec.world_size == 3);
-  CHECK_FALSE(spec.is_chief);
-  CHECK(spec.chief_address == "10.0.0.1:29500");
-  CHECK(spec.own_address.empty());
-  REQUIRE(spec.worker_addresses.size() == 3);
-  CHECK(spec.worker_addresses[2] == "torchrun RANK 2");
-  env["RANK"] = "0";
-  CHECK(cluster_from("torchrun", env).own_address == "10.0.0.1:29500");
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // static rendezvous: the agent holds the port
-  CHECK(cluster_from("torchrun", env).chief_address == "10.0.0.1:29501");
-  env["MASTER_ADDR"] = "fd00::1";
-  CHECK(cluster_from("torchrun", env).chief_address == "[fd00::1]:29501");
-
-  CHECK_THROWS_WITH(cluster_from("torchrun", {{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
-                    Contains("torchrun: MASTER_ADDR is not set"));
-  CHECK_THROWS_WITH(cluster_from("torchrun", {{"RANK", "2"}, {"WORLD_SIZE", "2"}}),
-                    Contains("torchrun: RANK must be an integer in [0, 1], got '2'"));
-  CHECK_THROWS_WITH(cluster_from("torchrun", {{"RANK", "0"}}),
-                    Contains("torchrun: WORLD_SIZE is not set"));
-  CHECK(cluster_from("torchrun", {{"RANK", "0"}, {"WORLD_SIZE", "1"}}).world_size == 1);
-}
-
-TEST_CASE("auto: TF_CONFIG first, then torchrun's variables, else one process", "[cluster]") {
-  const std::string tf =
-      R"({"cluster": {"worker": ["h1:2222", "h2:2222"]}, "task": {"type": "worker", "index": 1}})";
-  Environment env = {{"RANK", "0"},
-                     {"WORLD_SIZE", "4"},
-                     {"MASTER_ADDR", "m"},
-                     {"MASTER_PORT", "1234"},
-                     {"TF_CONFIG", tf}};
-  CHECK(cluster_from("auto", env).chief_address == "h1:2222");
-  CHECK(cluster_from("torchrun", env).world_size == 4);
-  CHECK(cluster_from("tf_config", env).world_size == 2);
-  env.erase("TF_CONFIG");
-  CHECK(cluster_from("auto", env).world_size == 4);
-  CHECK(cluster_from("tf_config", env).world_size == 1);
-  CHECK(cluster_from("auto", {{"SLURM_PROCID", "0"}}).world_size == 1);  // slurm only when asked
-  CHECK_THROWS_WITH(cluster_from("mpi", {}), Contains("distributed.cluster: expected one of"));
 }

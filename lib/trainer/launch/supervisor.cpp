@@ -1,4 +1,4 @@
-#include "trainer/cluster/launcher.h"
+#include "trainer/launch/supervisor.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,25 +21,23 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
-#include "trainer/util/address.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
 
 extern char** environ;  // NOLINT: POSIX
 
-namespace trainer::cluster {
+namespace trainer::launch {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kMaxWorkers = 64;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;  // a longer line without '\n' is passed on in pieces
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);  // output after the last exit
@@ -47,60 +45,17 @@ constexpr double kSettleS = 5;  // after an exit 4, the others' time to stop on 
 
 std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-// ---- validation and the plan -------------------------------------------------------------------
-
-int process_count(const LaunchOptions& o) {
-  return o.workers + (o.chief ? 1 : 0) + (o.evaluator ? 1 : 0);
+Clock::time_point seconds_from_now(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-void validate(const LaunchOptions& o) {
-  if (o.workers < 1 || o.workers > kMaxWorkers) {
-    throw UsageError("--workers: expected 1.." + std::to_string(kMaxWorkers) + ", got " +
-                     std::to_string(o.workers));
-  }
-  const int last_base = 65535 - (process_count(o) - 1);
-  if (o.base_port != 0 && (o.base_port < 1 || o.base_port > last_base)) {
-    throw UsageError("--base-port: expected 0 (pick free ports) or 1.." +
-                     std::to_string(last_base) + " so that " + std::to_string(process_count(o)) +
-                     " consecutive ports fit, got " + std::to_string(o.base_port));
-  }
-  if (o.args.empty()) {
-    throw UsageError(
-        "launch: no train arguments; put them after `--`, e.g. "
-        "trainer launch --workers 2 -- --config job.yaml --job-dir DIR");
-  }
-  if (o.args.front() == "launch") {
-    throw UsageError(
-        "launch: the arguments after `--` are run by every process; they cannot "
-        "start with `launch` again");
-  }
-  if (o.host.empty()) throw UsageError("launch: empty host");
-  if (!(o.stop_grace_s >= 0)) {
-    throw UsageError("launch: stop_grace_s must be >= 0, got " + std::to_string(o.stop_grace_s));
-  }
+int ms_until(Clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms + 1, 0, 1000));
 }
 
-// ---- children ----------------------------------------------------------------------------------
-
-// The absolute path execve() gets: "" = this binary; a name without '/' is looked up in PATH.
-std::string resolve_program(const std::string& program) {
-  if (program.empty()) {
-    std::vector<char> buf(4096);
-    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-    return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : "/proc/self/exe";
-  }
-  if (program.find('/') != std::string::npos) return program;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  for (size_t start = 0; start <= dirs.size();) {
-    const size_t colon = std::min(dirs.find(':', start), dirs.size());
-    std::string dir = dirs.substr(start, colon - start);
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = colon + 1;
-  }
-  return program;  // execve fails with ENOENT, reported like any other start failure
-}
+// ---- descriptors and pipes ---------------------------------------------------------------------
 
 // Moves a new descriptor above 0..2 so that the child's dup2() onto 0..2 cannot clobber it.
 int above_stdio(int fd) {
@@ -154,6 +109,8 @@ void write_all(int fd, const std::string& data) {
     }
   }
 }
+
+// ---- output streams ----------------------------------------------------------------------------
 
 // One child's stdout or stderr: reads what the pipe has and writes whole lines, prefixed.
 struct Stream {
@@ -209,6 +166,8 @@ struct Stream {
   }
 };
 
+// ---- children ----------------------------------------------------------------------------------
+
 struct Child {
   LaunchTask task;
   std::vector<int> cpus;  // its affinity mask; empty = the launcher's
@@ -248,21 +207,30 @@ int decode_status(int status) {
   return 1;
 }
 
-// The environment of a child: ours, with TF_CONFIG, LOCAL_RANK and LOCAL_WORLD_SIZE replaced
-// (the evaluator gets no local rank).
-std::vector<std::string> child_environment(const LaunchTask& task) {
+// The absolute path execve() gets: "" = this binary; a name without '/' is looked up in PATH.
+std::string resolve_program(const std::string& program) {
+  if (program.empty()) {
+    std::vector<char> buf(4096);
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+    return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : "/proc/self/exe";
+  }
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t colon = std::min(dirs.find(':', start), dirs.size());
+    std::string dir = dirs.substr(start, colon - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = colon + 1;
+  }
+  return program;  // execve fails with ENOENT, reported like any other start failure
+}
+
+// This process's environment, "NAME=value" each.
+std::vector<std::string> launcher_environment() {
   std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0 && std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
-        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
-      env.emplace_back(*e);
-    }
-  }
-  env.push_back("TF_CONFIG=" + task.tf_config);
-  if (task.local_rank >= 0) {
-    env.push_back("LOCAL_RANK=" + std::to_string(task.local_rank));
-    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(task.local_world_size));
-  }
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
   return env;
 }
 
@@ -273,31 +241,13 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   return out;
 }
 
-}  // namespace
-
-std::vector<std::vector<int>> split_cpus(const std::vector<int>& cpus, int processes) {
-  std::vector<std::vector<int>> out(static_cast<size_t>(std::max(processes, 0)));
-  if (processes <= 0 || cpus.size() < out.size()) return out;
-  const size_t base = cpus.size() / out.size(), extra = cpus.size() % out.size();
-  size_t next = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const size_t n = base + (i < extra ? 1 : 0);
-    out[i].assign(cpus.begin() + static_cast<long>(next),
-                  cpus.begin() + static_cast<long>(next + n));
-    next += n;
-  }
-  return out;
-}
-
-namespace {
-
 // Forks and execs one child; returns the errno of a failed exec (0 = started).
 int start_child(Child& child, const std::string& program, const std::vector<std::string>& args,
                 int out_fd, int err_fd, int devnull) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<std::string> argv_s = {program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<std::string> env_s = child_environment(child.task);
+  std::vector<std::string> env_s = child_environment(launcher_environment(), child.task);
   std::vector<char*> argv = c_strings(argv_s);
   std::vector<char*> envp = c_strings(env_s);
 
@@ -428,53 +378,232 @@ class SignalScope {
   struct sigaction old_pipe_ = {};
 };
 
-int ms_until(Clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(ms + 1, 0, 1000));
+// ---- one start of the whole group --------------------------------------------------------------
+
+// How one start of the whole group ended.
+struct GroupOutcome {
+  int code = 0;                    // 0, or the exit code of the process that failed first
+  std::string task;                // that process ("worker 1")
+  std::string cause;               // the last error it logged ("" = none)
+  bool stopped_by_signal = false;  // the launcher got SIGINT/SIGTERM and forwarded it
+};
+
+// The processes of one start and the deadlines of stopping them. Each step below is one part of
+// run_group's loop; their order there is the order of the original single loop.
+class Group {
+ public:
+  Group(const LaunchOptions& options, SignalScope& signals)
+      : options_(options), signals_(signals) {}
+
+  // Starts every task, each on its slice of the CPUs; a task that cannot be started (exec
+  // failed: exit 127) fails first, and the tasks after it are not started.
+  void start(const std::vector<LaunchTask>& tasks, const std::string& program, int devnull) {
+    set_.children.reserve(tasks.size());
+    const auto slices = options_.pin_cpus
+                            ? split_cpus(util::usable_cpus(), static_cast<int>(tasks.size()))
+                            : std::vector<std::vector<int>>(tasks.size());
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const auto& t = tasks[i];
+      Child& c = set_.children.emplace_back();
+      c.task = t;
+      c.cpus = slices[i];
+      if (!c.cpus.empty()) {
+        spdlog::info("launch: {} runs on CPU {}", t.name(), fmt::join(c.cpus, ","));
+      }
+      const int exec_errno =
+          start_child(c, program, options_.args, options_.stdout_fd, options_.stderr_fd, devnull);
+      if (exec_errno != 0) {
+        int status = 0;
+        while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        c.running = false;
+        c.exit_code = 127;
+        spdlog::error("launch: cannot start {}: {}: {}", t.name(), program,
+                      std::strerror(exec_errno));
+        fail_first(set_.children.size() - 1);
+        break;
+      }
+    }
+  }
+
+  // Forwards the signals the launcher got to every process group still running.
+  void forward_signals() {
+    for (auto [counter, sig] : {std::pair{&g_sigint, SIGINT}, std::pair{&g_sigterm, SIGTERM}}) {
+      if (counter->exchange(0) == 0) continue;
+      spdlog::warn("launch: got {}; forwarding it to the processes",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      outcome_.stopped_by_signal = true;
+      for (auto& c : set_.children) {
+        if (!c.running) continue;
+        c.signal_group(sig);
+        c.asked_to_stop = true;
+      }
+    }
+  }
+
+  // Collects the exit of every child that has exited; the first failure stops the others.
+  void reap() {
+    for (size_t i = 0; i < set_.children.size(); ++i) {
+      Child& c = set_.children[i];
+      if (!c.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r != c.pid) continue;
+      c.running = false;
+      c.exit_code = decode_status(status);
+      if (c.exit_code == 0) {
+        spdlog::info("launch: {} exited with code 0", c.task.name());
+      } else if (first_failure_) {
+        spdlog::info("launch: {} exited with code {}", c.task.name(), c.exit_code);
+      } else {
+        fail_first(i);
+      }
+    }
+  }
+
+  // SIGTERM after an exit 4's settling time, SIGKILL after the grace period, and once every
+  // child has exited, the output they left open cut after kDrainAfterExit.
+  void enforce_deadlines() {
+    if (term_at_ && Clock::now() >= *term_at_) stop_others();
+    if (kill_at_ && Clock::now() >= *kill_at_) {
+      for (const auto& c : set_.children) {
+        if (c.running) {
+          spdlog::warn("launch: {} did not stop within {} s of SIGTERM; killing it", c.task.name(),
+                       options_.stop_grace_s);
+        }
+        if (c.running || c.streams_open()) c.signal_group(SIGKILL);
+      }
+      kill_at_.reset();
+    }
+    if (!any_running() && !drain_until_) drain_until_ = Clock::now() + kDrainAfterExit;
+    if (drain_until_ && Clock::now() >= *drain_until_) {
+      // Every child has exited; output still held open by something they left behind is cut.
+      for (auto& c : set_.children) {
+        if (c.streams_open()) c.signal_group(SIGKILL);
+        c.out.close_now();
+        c.err.close_now();
+      }
+    }
+  }
+
+  // Every child has exited and all their output has been passed on.
+  bool finished() const {
+    const bool any_open = std::any_of(set_.children.begin(), set_.children.end(),
+                                      [](const Child& c) { return c.streams_open(); });
+    return !any_running() && !any_open;
+  }
+
+  // Waits for output (and passes it on), a signal (SIGCHLD included) or the next deadline.
+  void wait_and_copy_output() {
+    std::vector<pollfd> fds = {{signals_.wake_fd(), POLLIN, 0}};
+    std::vector<Stream*> streams = {nullptr};  // streams[k] reads fds[k]
+    for (auto& c : set_.children) {
+      for (Stream* s : {&c.out, &c.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+      }
+    }
+    int timeout = 1000;
+    if (kill_at_) timeout = std::min(timeout, ms_until(*kill_at_));
+    if (term_at_) timeout = std::min(timeout, ms_until(*term_at_));
+    if (drain_until_) timeout = std::min(timeout, ms_until(*drain_until_));
+    const int ready = ::poll(fds.data(), fds.size(), timeout);
+    if (ready < 0 && errno != EINTR) throw Error(ErrorKind::kInternal, sys_error("launch: poll"));
+    if (ready <= 0) return;
+    if (fds[0].revents != 0) signals_.drain();
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents != 0) streams[k]->read_some();
+    }
+  }
+
+  // Once finished(): which process failed first, with its code and last logged error.
+  GroupOutcome outcome() const {
+    GroupOutcome outcome = outcome_;
+    if (!first_failure_) {
+      spdlog::info("launch: all {} processes exited with code 0", set_.children.size());
+      return outcome;
+    }
+    const Child& failed = set_.children[*first_failure_];
+    outcome.code = failed.exit_code;
+    outcome.task = failed.task.name();
+    outcome.cause = failed.err.last_error;
+    return outcome;
+  }
+
+ private:
+  bool any_running() const {
+    return std::any_of(set_.children.begin(), set_.children.end(),
+                       [](const Child& c) { return c.running; });
+  }
+
+  // SIGTERM to every process not yet asked to stop; SIGKILL once the grace period is over.
+  void stop_others() {
+    term_at_.reset();
+    for (auto& other : set_.children) {
+      if ((other.running || other.streams_open()) && !other.asked_to_stop) {
+        other.signal_group(SIGTERM);
+        other.asked_to_stop = true;
+      }
+    }
+    kill_at_ = seconds_from_now(options_.stop_grace_s);
+  }
+
+  // Child i failed; if it is the first, says so and stops the others (after an exit 4, only
+  // those that have not stopped on their own within the settling time).
+  void fail_first(size_t i) {
+    if (first_failure_) return;
+    first_failure_ = i;
+    const Child& c = set_.children[i];
+    if (c.asked_to_stop) {
+      spdlog::warn(
+          "launch: {} stopped first (exit code {}) after the forwarded signal; "
+          "stopping the others",
+          c.task.name(), c.exit_code);
+    } else if (c.exit_code == exit_code(ErrorKind::kDistributed)) {
+      // A lost peer or a broken group: every other training process meets the same loss within
+      // seconds and stops with its own cause (which peer it lost); a SIGTERM first would turn
+      // that into "stopped by signal". Those that have not stopped by then are stopped.
+      const double settle = std::min(kSettleS, options_.stop_grace_s);
+      spdlog::error(
+          "launch: {} failed first (exit code {}); stopping the others that have not stopped "
+          "on their own within {} s",
+          c.task.name(), c.exit_code, settle);
+      term_at_ = seconds_from_now(settle);
+      return;
+    } else {
+      spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
+                    c.exit_code);
+    }
+    stop_others();
+  }
+
+  const LaunchOptions& options_;
+  SignalScope& signals_;
+  ChildSet set_;
+  GroupOutcome outcome_;  // stopped_by_signal, until outcome() fills in the rest
+  std::optional<size_t> first_failure_;
+  std::optional<Clock::time_point> term_at_;      // SIGTERM what still runs at this time
+  std::optional<Clock::time_point> kill_at_;      // SIGKILL what still runs at this time
+  std::optional<Clock::time_point> drain_until_;  // set once every child has exited
+};
+
+// Starts every task and waits until all have exited; when one fails, stops the others.
+GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTask>& tasks,
+                       const std::string& program, SignalScope& signals, int devnull) {
+  Group group(options, signals);
+  group.start(tasks, program, devnull);
+  for (;;) {
+    group.forward_signals();
+    group.reap();
+    group.enforce_deadlines();
+    if (group.finished()) break;
+    group.wait_and_copy_output();
+  }
+  return group.outcome();
 }
 
 }  // namespace
-
-std::string LaunchTask::name() const {
-  return type == "chief" || type == "evaluator" ? type : type + " " + std::to_string(index);
-}
-
-std::vector<LaunchTask> plan_launch(const LaunchOptions& options, const std::vector<int>& ports) {
-  validate(options);
-  if (static_cast<int>(ports.size()) != process_count(options)) {
-    throw Error(ErrorKind::kInternal, "plan_launch: expected " +
-                                          std::to_string(process_count(options)) + " ports, got " +
-                                          std::to_string(ports.size()));
-  }
-  std::vector<LaunchTask> tasks;
-  nlohmann::json cluster = nlohmann::json::object();
-  size_t next = 0;
-  if (options.chief) {
-    tasks.push_back({"chief", 0, util::host_port(options.host, ports[next++]), ""});
-    cluster["chief"] = nlohmann::json::array({tasks.back().address});
-  }
-  cluster["worker"] = nlohmann::json::array();
-  for (int i = 0; i < options.workers; ++i) {
-    tasks.push_back({"worker", i, util::host_port(options.host, ports[next++]), ""});
-    cluster["worker"].push_back(tasks.back().address);
-  }
-  if (options.evaluator) {
-    tasks.push_back({"evaluator", 0, util::host_port(options.host, ports[next++]), ""});
-    cluster["evaluator"] = nlohmann::json::array({tasks.back().address});
-  }
-  const int training = options.workers + (options.chief ? 1 : 0);
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    LaunchTask& t = tasks[i];
-    t.tf_config =
-        nlohmann::json{{"cluster", cluster}, {"task", {{"type", t.type}, {"index", t.index}}}}
-            .dump();
-    if (t.type != "evaluator") {  // chief first, then the workers: their rank
-      t.local_rank = static_cast<int>(i);
-      t.local_world_size = training;
-    }
-  }
-  return tasks;
-}
 
 std::vector<int> pick_free_ports(const std::string& host, int count) {
   addrinfo hints{};
@@ -516,193 +645,8 @@ std::vector<int> pick_free_ports(const std::string& host, int count) {
   return ports;
 }
 
-namespace {
-
-// How one start of the whole group ended.
-struct GroupOutcome {
-  int code = 0;                    // 0, or the exit code of the process that failed first
-  std::string task;                // that process ("worker 1")
-  std::string cause;               // the last error it logged ("" = none)
-  bool stopped_by_signal = false;  // the launcher got SIGINT/SIGTERM and forwarded it
-};
-
-// A failure a restart may fix: a process that died (killed, crashed) or failed with a data (3)
-// or distributed (4) error. Not: a usage or config error (2), an internal error (1), a stop
-// asked for by SIGINT/SIGTERM (130, 143).
-bool restartable(int code) {
-  return code == 3 || code == 4 || (code > 128 && code != 130 && code != 143);
-}
-
-// Starts every task and waits until all have exited; when one fails, stops the others.
-GroupOutcome run_group(const LaunchOptions& options, const std::vector<LaunchTask>& tasks,
-                       const std::string& program, SignalScope& signals, int devnull) {
-  ChildSet set;
-  GroupOutcome outcome;
-  std::optional<size_t> first_failure;
-  std::optional<Clock::time_point> kill_at;  // SIGKILL what still runs at this time
-
-  std::optional<Clock::time_point> term_at;  // SIGTERM what still runs at this time
-  auto stop_others = [&] {
-    term_at.reset();
-    for (auto& other : set.children) {
-      if ((other.running || other.streams_open()) && !other.asked_to_stop) {
-        other.signal_group(SIGTERM);
-        other.asked_to_stop = true;
-      }
-    }
-    kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(options.stop_grace_s));
-  };
-  auto fail_first = [&](size_t i) {
-    if (first_failure) return;
-    first_failure = i;
-    const Child& c = set.children[i];
-    if (c.asked_to_stop) {
-      spdlog::warn(
-          "launch: {} stopped first (exit code {}) after the forwarded signal; "
-          "stopping the others",
-          c.task.name(), c.exit_code);
-    } else if (c.exit_code == exit_code(ErrorKind::kDistributed)) {
-      // A lost peer or a broken group: every other training process meets the same loss within
-      // seconds and stops with its own cause (which peer it lost); a SIGTERM first would turn
-      // that into "stopped by signal". Those that have not stopped by then are stopped.
-      const double settle = std::min(kSettleS, options.stop_grace_s);
-      spdlog::error(
-          "launch: {} failed first (exit code {}); stopping the others that have not stopped "
-          "on their own within {} s",
-          c.task.name(), c.exit_code, settle);
-      term_at = Clock::now() +
-                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(settle));
-      return;
-    } else {
-      spdlog::error("launch: {} failed first (exit code {}); stopping the others", c.task.name(),
-                    c.exit_code);
-    }
-    stop_others();
-  };
-
-  set.children.reserve(tasks.size());
-  const auto slices = options.pin_cpus
-                          ? split_cpus(util::usable_cpus(), static_cast<int>(tasks.size()))
-                          : std::vector<std::vector<int>>(tasks.size());
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const auto& t = tasks[i];
-    Child& c = set.children.emplace_back();
-    c.task = t;
-    c.cpus = slices[i];
-    if (!c.cpus.empty()) {
-      spdlog::info("launch: {} runs on CPU {}", t.name(), fmt::join(c.cpus, ","));
-    }
-    const int exec_errno =
-        start_child(c, program, options.args, options.stdout_fd, options.stderr_fd, devnull);
-    if (exec_errno != 0) {
-      int status = 0;
-      while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      c.running = false;
-      c.exit_code = 127;
-      spdlog::error("launch: cannot start {}: {}: {}", t.name(), program,
-                    std::strerror(exec_errno));
-      fail_first(set.children.size() - 1);
-      break;
-    }
-  }
-
-  std::optional<Clock::time_point> drain_until;  // set once every child has exited
-  for (;;) {
-    // Forward the signals the launcher got to every process group still running.
-    for (auto [counter, sig] : {std::pair{&g_sigint, SIGINT}, std::pair{&g_sigterm, SIGTERM}}) {
-      if (counter->exchange(0) == 0) continue;
-      spdlog::warn("launch: got {}; forwarding it to the processes",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM");
-      outcome.stopped_by_signal = true;
-      for (auto& c : set.children) {
-        if (!c.running) continue;
-        c.signal_group(sig);
-        c.asked_to_stop = true;
-      }
-    }
-    // Reap.
-    for (size_t i = 0; i < set.children.size(); ++i) {
-      Child& c = set.children[i];
-      if (!c.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
-      if (r != c.pid) continue;
-      c.running = false;
-      c.exit_code = decode_status(status);
-      if (c.exit_code == 0) {
-        spdlog::info("launch: {} exited with code 0", c.task.name());
-      } else if (first_failure) {
-        spdlog::info("launch: {} exited with code {}", c.task.name(), c.exit_code);
-      } else {
-        fail_first(i);
-      }
-    }
-    if (term_at && Clock::now() >= *term_at) stop_others();
-    if (kill_at && Clock::now() >= *kill_at) {
-      for (const auto& c : set.children) {
-        if (c.running) {
-          spdlog::warn("launch: {} did not stop within {} s of SIGTERM; killing it", c.task.name(),
-                       options.stop_grace_s);
-        }
-        if (c.running || c.streams_open()) c.signal_group(SIGKILL);
-      }
-      kill_at.reset();
-    }
-    const bool any_running = std::any_of(set.children.begin(), set.children.end(),
-                                         [](const Child& c) { return c.running; });
-    if (!any_running && !drain_until) drain_until = Clock::now() + kDrainAfterExit;
-    if (drain_until && Clock::now() >= *drain_until) {
-      // Every child has exited; output still held open by something they left behind is cut.
-      for (auto& c : set.children) {
-        if (c.streams_open()) c.signal_group(SIGKILL);
-        c.out.close_now();
-        c.err.close_now();
-      }
-    }
-    const bool any_open = std::any_of(set.children.begin(), set.children.end(),
-                                      [](const Child& c) { return c.streams_open(); });
-    if (!any_running && !any_open) break;
-
-    // Wait for output, a signal (SIGCHLD included) or the next deadline.
-    std::vector<pollfd> fds = {{signals.wake_fd(), POLLIN, 0}};
-    std::vector<Stream*> streams = {nullptr};  // streams[k] reads fds[k]
-    for (auto& c : set.children) {
-      for (Stream* s : {&c.out, &c.err}) {
-        if (s->fd < 0) continue;
-        fds.push_back({s->fd, POLLIN, 0});
-        streams.push_back(s);
-      }
-    }
-    int timeout = 1000;
-    if (kill_at) timeout = std::min(timeout, ms_until(*kill_at));
-    if (term_at) timeout = std::min(timeout, ms_until(*term_at));
-    if (drain_until) timeout = std::min(timeout, ms_until(*drain_until));
-    const int ready = ::poll(fds.data(), fds.size(), timeout);
-    if (ready < 0 && errno != EINTR) throw Error(ErrorKind::kInternal, sys_error("launch: poll"));
-    if (ready <= 0) continue;
-    if (fds[0].revents != 0) signals.drain();
-    for (size_t k = 1; k < fds.size(); ++k) {
-      if (fds[k].revents != 0) streams[k]->read_some();
-    }
-  }
-
-  if (!first_failure) {
-    spdlog::info("launch: all {} processes exited with code 0", set.children.size());
-    return outcome;
-  }
-  const Child& failed = set.children[*first_failure];
-  outcome.code = failed.exit_code;
-  outcome.task = failed.task.name();
-  outcome.cause = failed.err.last_error;
-  return outcome;
-}
-
-}  // namespace
-
 int run_launch(const LaunchOptions& options) {
-  validate(options);
+  validate_options(options);
   const int count = process_count(options);
   const std::string program = resolve_program(options.program);
   if (std::getenv("TF_CONFIG") != nullptr) {
@@ -719,30 +663,29 @@ int run_launch(const LaunchOptions& options) {
       for (int i = 0; i < count; ++i) ports.push_back(options.base_port + i);
     }
     const std::vector<LaunchTask> tasks = plan_launch(options, ports);
-    std::string plan;
-    for (const auto& t : tasks) plan += (plan.empty() ? "" : ", ") + t.name() + " " + t.address;
-    spdlog::info("launch: {} processes ({}): {}", count, program, plan);
+    spdlog::info("launch: {} processes ({}): {}", count, program, describe_plan(tasks));
 
     const GroupOutcome out = run_group(options, tasks, program, signals, devnull.fd);
-    if (out.code == 0) return 0;
     const std::string cause = out.cause.empty() ? "" : ": " + out.cause;
-    if (options.max_restarts == 0) return out.code;
-    if (out.stopped_by_signal) {
-      spdlog::warn("launch: not restarting: the launcher was asked to stop");
-      return out.code;
-    }
-    if (!restartable(out.code)) {
-      spdlog::error(
-          "launch: not restarting: {} failed with exit code {}{}, which a restart would not fix "
-          "(only a process that dies, or fails with a data (3) or distributed (4) error, is "
-          "restarted)",
-          out.task, out.code, cause);
-      return out.code;
-    }
-    if (attempt >= options.max_restarts) {
-      spdlog::error("launch: {} failed with exit code {}{}; no restarts left (--max-restarts {})",
-                    out.task, out.code, cause, options.max_restarts);
-      return out.code;
+    switch (decide_restart(out.code, out.stopped_by_signal, attempt, options.max_restarts)) {
+      case Restart::kNo:
+        return out.code;
+      case Restart::kNoAfterSignal:
+        spdlog::warn("launch: not restarting: the launcher was asked to stop");
+        return out.code;
+      case Restart::kNoNotFixable:
+        spdlog::error(
+            "launch: not restarting: {} failed with exit code {}{}, which a restart would not "
+            "fix (only a process that dies, or fails with a data (3) or distributed (4) error, "
+            "is restarted)",
+            out.task, out.code, cause);
+        return out.code;
+      case Restart::kNoRestartsLeft:
+        spdlog::error("launch: {} failed with exit code {}{}; no restarts left (--max-restarts {})",
+                      out.task, out.code, cause, options.max_restarts);
+        return out.code;
+      case Restart::kYes:
+        break;
     }
     spdlog::warn(
         "launch: restart {} of {}: {} failed with exit code {}{}; starting every process again "
@@ -751,4 +694,4 @@ int run_launch(const LaunchOptions& options) {
   }
 }
 
-}  // namespace trainer::cluster
+}  // namespace trainer::launch
