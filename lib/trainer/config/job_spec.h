@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/data/source_options.h"
+
 namespace trainer::config {
 
 // Upper bounds of the fields whose value sizes memory (a model layer, an image, a wait), shared
@@ -22,25 +24,9 @@ inline constexpr int kMaxImageSize = 4096;         // data.image_size
 inline constexpr int kMaxBatchSize = 4096;         // train.per_replica_batch_size
 inline constexpr double kMaxTimeoutS = 7 * 86400;  // distributed.*timeout_s: a week
 
-// One place examples are listed from (data.train, data.validation).
-struct SourceSpec {
-  std::string format = "imagefolder";  // imagefolder | csv | tfrecord
-  // imagefolder: dir with one sub-dir per class; csv: the manifest file; tfrecord: record files
-  // (a file, a glob, a list of either) or a TFDS dataset directory. Written as one string or a
-  // list. Empty = no such source.
-  std::vector<std::string> path;
-  std::string image_column = "image_id";  // csv: column holding the image path (relative)
-  std::string label_column = "label";     // csv: column holding the label (index or name)
-  std::string image_root;                 // csv: dir the image paths are relative to
-                                          // (default: the manifest's directory)
-  std::string split;                      // tfrecord, TFDS dir: train | validation | test
-                                          // ("" = the source's own name: train or validation)
-  std::string image_key = "image";        // tfrecord: feature holding the encoded image (bytes)
-  std::string label_key = "label";        // tfrecord: feature holding the class index (int64);
-                                          // Kaggle's .tfrec files: `target`
-  std::string compression = "auto";  // tfrecord: auto (gzip when the file says so) | none | gzip
-  bool enabled() const { return !path.empty(); }
-};
+// One place examples are listed from (data.train, data.validation): data's SourceOptions, the
+// one definition of these fields.
+using SourceSpec = data::SourceOptions;
 
 struct ModelSpec {
   std::string arch = "resnet50";  // resnet18 | resnet34 | resnet50 | resnet101 | resnet152

@@ -21,6 +21,8 @@ struct RecordFile {
   std::string path;
   int64_t records = 0;
   int64_t first = 0;
+  int64_t size = -1;      // the file's size and mtime when it was counted (the count cache's
+  int64_t mtime_ns = -1;  // key), -1 when the counts came from TFDS metadata
 };
 
 // How records are read back (the source's tfrecord settings).
@@ -36,7 +38,8 @@ struct Listing {
   std::string origin;  // what was listed (for messages), e.g. "data.train (imagefolder 'dir')"
   std::vector<RecordFile> record_files;  // tfrecord: the files in read order; else empty
   RecordFormat record_format;            // tfrecord only
-  std::string counts_from;  // tfrecord: where the record counts came from (for the log)
+  std::string counts_from;      // tfrecord: where the record counts came from (for the log)
+  bool counts_scanned = false;  // tfrecord: some counts came from a scan (update_count_cache)
   bool is_records() const { return !record_files.empty(); }
 };
 

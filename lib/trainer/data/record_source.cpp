@@ -604,14 +604,16 @@ Listing list_tfrecord(const SourceOptions& source, const std::string& field,
   }
 
   std::vector<int64_t> counts = r.counts;
+  std::vector<FileStamp> stamps;
   listing.counts_from = r.counts_from;
   if (counts.empty()) {
-    nlohmann::json cache = read_cache(options.count_cache);
+    const nlohmann::json cache = read_cache(options.count_cache);
     int64_t scanned = 0;
     int64_t cached = 0;
     for (const std::string& f : r.files) {
       const std::string key = fs::absolute(f).lexically_normal().string();
-      const FileStamp st = stamp_of(f);
+      const FileStamp st = stamp_of(f);  // before counting: a file changed since is counted again
+      stamps.push_back(st);
       const auto it = cache.find(key);
       if (it != cache.end() && (*it)["size"].get<int64_t>() == st.size &&
           (*it)["mtime_ns"].get<int64_t>() == st.mtime_ns) {
@@ -620,31 +622,45 @@ Listing list_tfrecord(const SourceOptions& source, const std::string& field,
         continue;
       }
       counts.push_back(count_records(f, compression_for(source.compression, f)));
-      cache[key] = {{"size", st.size}, {"mtime_ns", st.mtime_ns}, {"records", counts.back()}};
       ++scanned;
     }
     listing.counts_from =
         scanned == 0  ? "the count cache"
         : cached == 0 ? "a scan of the record headers"
                       : "a scan of " + std::to_string(scanned) + " files and the count cache";
-    if (scanned > 0 && options.write_count_cache && !options.count_cache.empty()) {
-      try {
-        util::write_file_atomic(options.count_cache,
-                                nlohmann::json{{"version", 1}, {"files", cache}}.dump(1) + "\n");
-      } catch (const std::exception& e) {
-        spdlog::warn("cannot write the record count cache '{}': {}", options.count_cache, e.what());
-      }
-    }
+    listing.counts_scanned = scanned > 0;
   }
 
   int64_t total = 0;
   for (size_t f = 0; f < r.files.size(); ++f) {
-    listing.record_files.push_back(RecordFile{r.files[f], counts[f], total});
+    RecordFile file{r.files[f], counts[f], total};
+    if (f < stamps.size()) {
+      file.size = stamps[f].size;
+      file.mtime_ns = stamps[f].mtime_ns;
+    }
+    listing.record_files.push_back(file);
     for (int64_t k = 0; k < counts[f]; ++k) listing.examples.push_back(Example{r.files[f], -1, k});
     total += counts[f];
   }
   if (total == 0) throw DataError(origin + ": the record files hold no records");
+  if (listing.counts_scanned && options.write_count_cache) {
+    update_count_cache(options.count_cache, listing);
+  }
   return listing;
+}
+
+void update_count_cache(const std::string& path, const Listing& listing) {
+  if (path.empty() || !listing.counts_scanned) return;
+  nlohmann::json cache = read_cache(path);
+  for (const RecordFile& f : listing.record_files) {
+    cache[fs::absolute(f.path).lexically_normal().string()] = {
+        {"size", f.size}, {"mtime_ns", f.mtime_ns}, {"records", f.records}};
+  }
+  try {
+    util::write_file_atomic(path, nlohmann::json{{"version", 1}, {"files", cache}}.dump(1) + "\n");
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot write the record count cache '{}': {}", path, e.what());
+  }
 }
 
 }  // namespace trainer::data

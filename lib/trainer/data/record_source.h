@@ -67,4 +67,9 @@ Listing list_tfrecord(const SourceOptions& source, const std::string& field,
                       const std::string& origin, const std::vector<std::string>& class_names,
                       const ListOptions& options);
 
+// Writes the record counts of `listing` (when some were scanned, not all read from the cache)
+// into the count cache at `path`, keeping its other entries; "" = no cache. A cache that cannot
+// be written is a warning, not an error: it only saves the next listing a scan.
+void update_count_cache(const std::string& path, const Listing& listing);
+
 }  // namespace trainer::data

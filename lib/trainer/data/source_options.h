@@ -1,6 +1,8 @@
-// Where a source's examples are listed from: data's own copy of the job spec's data.train /
-// data.validation fields, filled by the train module (train::source_options), so that data does
-// not depend on the config module. A plain value: thread-safe to share once built.
+// Where a source's examples are listed from: the job spec's data.train / data.validation
+// section, defined once here and read into by config (config::SourceSpec is this struct), so no
+// field is copied by hand between two twins. The one header of data/ that config/ may include:
+// it holds plain values and includes only the standard library (scripts/check-layering.sh).
+// A plain value: thread-safe to share once built.
 #pragma once
 
 #include <string>
@@ -30,7 +32,8 @@ struct SourceOptions {
 // How a source is listed (list_source, list_tfrecord).
 struct ListOptions {
   // tfrecord: a JSON file of record counts per file (keyed by path, size and mtime) read before
-  // scanning ("" = none), and whether to write what was scanned back to it (the chief only).
+  // scanning ("" = none), and whether to write what was scanned back to it (a training job
+  // leaves this off and writes the cache through chief_writes: update_count_cache).
   std::string count_cache;
   bool write_count_cache = false;
 };
