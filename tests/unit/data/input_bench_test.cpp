@@ -15,10 +15,11 @@
 #include "trainer/data/loader.h"
 #include "trainer/data/record_order.h"
 #include "trainer/data/source.h"
-#include "trainer/data/synthetic.h"
+#include "trainer/synth/synthetic.h"
 
 using namespace trainer;
 using namespace trainer::data;
+using namespace trainer::synth;
 using testing::TempDir;
 
 namespace {

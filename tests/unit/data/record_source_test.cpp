@@ -14,7 +14,7 @@
 #include "fixtures.h"
 #include "trainer/data/record_source.h"
 #include "trainer/data/source.h"
-#include "trainer/data/synthetic.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/data/tf_example.h"
 #include "trainer/data/tfrecord.h"
 #include "trainer/util/error.h"
@@ -22,6 +22,7 @@
 using Catch::Matchers::Contains;
 using namespace trainer;
 using namespace trainer::data;
+using namespace trainer::synth;
 namespace fs = std::filesystem;
 using trainer::data::testing::read_bytes;
 using trainer::data::testing::TempDir;

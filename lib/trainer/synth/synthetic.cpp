@@ -1,4 +1,4 @@
-#include "trainer/data/synthetic.h"
+#include "trainer/synth/synthetic.h"
 
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
@@ -26,7 +26,17 @@
 #include "trainer/util/fs.h"
 #include "trainer/util/rng.h"
 
-namespace trainer::data {
+namespace trainer::synth {
+
+using data::Compression;
+using data::RecordWriter;
+using data::Rng;
+using data::shuffle_in_place;
+using data::uniform;
+using data::uniform01;
+using data::uniform_int;
+using data::make_image_example;
+namespace transforms = data::transforms;
 
 namespace {
 
@@ -682,4 +692,4 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options) {
   return summary;
 }
 
-}  // namespace trainer::data
+}  // namespace trainer::synth

@@ -3,15 +3,16 @@
 
 #include <opencv2/imgcodecs.hpp>
 
-#include "fixtures.h"
 #include "trainer/data/image.h"
 #include "trainer/data/source.h"
-#include "trainer/data/synthetic.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/util/crc32c.h"
 #include "trainer/util/error.h"
+#include "unit/data/fixtures.h"
 
 using namespace trainer;
 using namespace trainer::data;
+using namespace trainer::synth;
 namespace fs = std::filesystem;
 using testing::TempDir;
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace trainer::data {
+namespace trainer::synth {
 
 struct SyntheticOptions {
   std::string out_dir;
@@ -48,4 +48,4 @@ SyntheticSummary make_synthetic_dataset(const SyntheticOptions& options);
 // The class names make_synthetic_dataset uses for `classes` classes.
 std::vector<std::string> synthetic_class_names(int classes);
 
-}  // namespace trainer::data
+}  // namespace trainer::synth
