@@ -1,7 +1,7 @@
 // The model directory's model.json (what predict, evaluate and the sidecar evaluator read first),
 // through the same reader load_model_dir uses before it builds the network.
 #include "fuzz_common.h"
-#include "trainer/train/model_dir.h"
+#include "trainer/loop/model_dir.h"
 
 using namespace trainer;
 

@@ -2,7 +2,7 @@
 // The checkpoint directory also holds the three files a real one lists (small fixed contents), so
 // that inputs naming their sizes and checksums reach the rest of the checks.
 #include "fuzz_common.h"
-#include "trainer/train/checkpoint.h"
+#include "trainer/loop/checkpoint.h"
 
 using namespace trainer;
 

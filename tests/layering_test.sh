@@ -16,19 +16,21 @@ bash "$check" "$tmp/root" >/dev/null || fail "the sources as they are should pas
 plant() {  # FILE LINE_TEXT: insert after the file's first line
   sed -i "1a $2" "$tmp/root/$1"
 }
-plant lib/trainer/util/fs.cpp '#include "trainer/train/commands.h"'
+plant lib/trainer/util/fs.cpp '#include "trainer/job/commands.h"'
 plant lib/trainer/model/resnet.cpp '#include <opencv2/core.hpp>'
 plant lib/trainer/data/loader.cpp '#include "trainer/dist/process_group.h"'
+plant lib/trainer/loop/evaluate.cpp '#include "trainer/job/agreement.h"'
 set +e
 out=$(bash "$check" "$tmp/root" 2>&1)
 rc=$?
 set -e
 [[ $rc == 1 ]] || fail "planted includes: expected exit 1, got $rc: $out"
 for want in \
-  'lib/trainer/util/fs.cpp:2: includes "trainer/train/commands.h": util/ may include only nothing' \
+  'lib/trainer/util/fs.cpp:2: includes "trainer/job/commands.h": util/ may include only nothing' \
   'lib/trainer/model/resnet.cpp:2: includes <opencv2/core.hpp>: OpenCV only in data/image.cpp' \
   'lib/trainer/data/loader.cpp:2: includes "trainer/dist/process_group.h": data/ may include only util' \
-  'check-layering: 3 include(s) against the layering'; do
+  'lib/trainer/loop/evaluate.cpp:2: includes "trainer/job/agreement.h": loop/ may include only util config cluster model data dist' \
+  'check-layering: 4 include(s) against the layering'; do
   [[ $out == *"$want"* ]] || fail "expected '$want' in: $out"
 done
 

@@ -7,7 +7,7 @@
 #   2. one without build-version (a pip wheel's) of 2.7 is refused, naming the plain cpu zip;
 #   3. a cxx11-ABI zip that bundles protobuf 3.13.0 headers configures, says so, and the include
 #      flags of the two sources that include generated protobuf code (data/tf_example.cpp,
-#      train/events.cpp) reach the system's protobuf headers first: preprocessed with those
+#      loop/events.cpp) reach the system's protobuf headers first: preprocessed with those
 #      flags, GOOGLE_PROTOBUF_VERSION is the system's (and, as a control, 3013000 without the
 #      flag the check adds).
 # Run by CTest as `torch_checks`:
@@ -89,7 +89,7 @@ if ! grep -q "LibTorch bundles protobuf headers in $zip/include/google/protobuf 
   fail "bundled: configure did not say that LibTorch bundles protobuf headers"
 fi
 shadow=$tmp/bundled-build/system-protobuf/include
-for source in lib/trainer/data/tf_example.cpp lib/trainer/train/events.cpp; do
+for source in lib/trainer/data/tf_example.cpp lib/trainer/loop/events.cpp; do
   command=$(grep -F "\"command\"" "$tmp/bundled-build/compile_commands.json" |
             grep -F -- "-c $src/$source\"" || true)
   if [[ -z $command ]]; then fail "bundled: no compile command for $source"; continue; fi

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/train/events.h"
+#include "trainer/loop/events.h"
 
 namespace trainer::testing {
 

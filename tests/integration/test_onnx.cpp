@@ -9,7 +9,7 @@
 #include "harness.h"
 #include "onnx_check.h"
 #include "trainer/model/resnet.h"
-#include "trainer/train/model_dir.h"
+#include "trainer/loop/model_dir.h"
 
 using namespace trainer::testing;
 using Catch::Matchers::Contains;

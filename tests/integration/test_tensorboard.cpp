@@ -4,7 +4,7 @@
 // logging.tensorboard: false writes none. Read with the same reader, they look like the real
 // files TensorFlow wrote in ../shared/realdata (tf.summary.scalar's and Keras's), field by field.
 // (Resume and several workers: test_resume.cpp and test_multiworker.cpp check the files there
-// too; the formats: tests/unit/train/events_test.cpp.)
+// too; the formats: tests/unit/loop/events_test.cpp.)
 #include <catch2/catch.hpp>
 
 #include <opencv2/imgcodecs.hpp>

@@ -1,0 +1,297 @@
+#include "trainer/job/train_job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <fmt/format.h>
+#include <chrono>
+#include <memory>
+
+#include "trainer/data/loader.h"
+#include "trainer/dist/grad_sync.h"
+#include "trainer/dist/replicas.h"
+#include "trainer/job/agreement.h"
+#include "trainer/job/data_plan.h"
+#include "trainer/loop/evaluate.h"
+#include "trainer/loop/events.h"
+#include "trainer/loop/loss_scaler.h"
+#include "trainer/loop/metrics.h"
+#include "trainer/loop/model_dir.h"
+#include "trainer/loop/optimizer.h"
+#include "trainer/loop/runtime.h"
+#include "trainer/loop/schedule.h"
+#include "trainer/loop/step.h"
+#include "trainer/model/resnet.h"
+#include "trainer/util/device.h"
+#include "trainer/util/error.h"
+#include "trainer/util/log.h"
+#include "trainer/util/memory.h"
+#include "trainer/util/signals.h"
+
+namespace trainer::train {
+
+namespace {
+
+void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainContext& ctx,
+              const model::ResNet& net) {
+  const ModelSettings& settings = ctx.settings;
+  spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
+               spec.model.head_hidden > 0 ? fmt::format(", head {}", spec.model.head_hidden) : "",
+               model::count_parameters(*net));
+  spdlog::info("device {}, precision {}{}{}{}", settings.device.str(), settings.precision,
+               spec.train.precision == "auto" ? " (train.precision: auto)" : "",
+               settings.loss_scaling() ? " with dynamic loss scaling" : "",
+               settings.channels_last ? ", channels_last" : "");
+  if (settings.device.is_cuda()) {
+    spdlog::info("kernels: {}", settings.deterministic
+                                    ? "deterministic (cuDNN deterministic, no benchmark mode; "
+                                      "train.deterministic)"
+                                    : "cuDNN benchmark mode (fast; runs differ in the last bits: "
+                                      "train.deterministic: true for bit-exact resume)");
+  }
+  spdlog::info("threads: {}", ctx.budget.describe());
+  const util::AllocatorInfo alloc = util::allocator_info();
+  spdlog::info("memory: {}{}", alloc.name, alloc.settings.empty() ? "" : ", " + alloc.settings);
+  spdlog::info("data: {} training examples in {} classes [{}] from {}", plan.train.examples.size(),
+               plan.num_classes, fmt::join(plan.class_names, ", "), plan.train.origin);
+  if (plan.train.is_records()) {
+    spdlog::info("data: {} record files, counts from {}; interleave {}, shuffle buffer {}",
+                 plan.train.record_files.size(), plan.train.counts_from, spec.data.interleave,
+                 spec.data.shuffle_buffer);
+  }
+  if (plan.validation) {
+    spdlog::info("data: {} validation examples from {}", plan.validation->examples.size(),
+                 plan.validation->origin);
+  }
+  spdlog::info("global batch {} = {} per replica x {} replica(s){}; {} steps per epoch",
+               plan.global_batch_size, spec.train.per_replica_batch_size, plan.num_workers,
+               spec.train.micro_batch_size > 0
+                   ? fmt::format(" in micro-batches of {}", spec.train.micro_batch_size)
+                   : "",
+               plan.steps_per_epoch);
+  if (plan.num_workers > 1) {
+    spdlog::info("data.shard_policy: {}; this worker reads {} examples", plan.shard.reason,
+                 plan.shard.examples_this_worker);
+  }
+  const std::string dropped = data::dropped_summary(plan.shard, spec.train.per_replica_batch_size);
+  if (!dropped.empty()) spdlog::info("left out of each epoch: {}", dropped);
+}
+
+// The loop's chief-only writes: checkpoints (after proving every replica holds the same weights
+// and statistics) and the exported model, each through chief_writes() (agreement.h), the one
+// door to what only the chief writes. Every rank calls these (they are collectives).
+class ChiefWrites {
+ public:
+  ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper)
+      : spec_(spec), ctx_(ctx), stepper_(stepper), identity_(job_identity(spec)) {}
+
+  void checkpoint(const TrainPosition& at) {
+    dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()),
+                               fmt::format("at the checkpoint of step {}", at.global_step));
+    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "writing a checkpoint", [&] {
+      const auto dir = save_checkpoint(
+          ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
+          stepper_.optimizer(), spec_.checkpoint.keep,
+          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json());
+      spdlog::info("checkpoint {}", dir.string());
+    });
+  }
+
+  // checkpoint.every_steps, after a step inside an epoch (the end of an epoch, and stopping at
+  // max_steps, have their own checkpoint in checkpoint_if_due).
+  bool step_checkpoint_due(const TrainPosition& pos) const {
+    const int every = spec_.checkpoint.every_steps;
+    return every > 0 && pos.global_step % every == 0 &&
+           pos.batch_in_epoch < ctx_.plan.steps_per_epoch;
+  }
+
+  // The cadence at the end of an epoch's steps: a finished epoch checkpoints every
+  // checkpoint.every_epochs, at the last epoch and when stopping at max_steps; a run stopped
+  // mid-epoch checkpoints where it stopped.
+  void checkpoint_if_due(const TrainPosition& pos, bool epoch_finished, bool stopping) {
+    if (epoch_finished) {
+      const TrainPosition next{pos.epoch + 1, 0, pos.global_step};
+      const bool last = next.epoch >= spec_.train.epochs;
+      if (stopping || last || next.epoch % spec_.checkpoint.every_epochs == 0) checkpoint(next);
+    } else if (stopping) {
+      checkpoint(pos);
+    }
+  }
+
+  void export_model(TrainSummary* summary) {
+    dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()), "at the end");
+    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "exporting the model", [&] {
+      ModelInfo info;
+      info.arch = spec_.model.arch;
+      info.num_classes = ctx_.plan.num_classes;
+      info.head_hidden = spec_.model.head_hidden;
+      info.class_names = ctx_.plan.class_names;
+      info.image_size = spec_.data.image_size;
+      info.normalize = spec_.data.normalize;
+      info.reduced_decode = spec_.data.reduced_decode;
+      info.precision = ctx_.settings.precision;
+      info.channels_last = ctx_.settings.channels_last;
+      info.global_step = summary->global_step;
+      info.epochs = summary->epochs_done;
+      info.batch_size = spec_.train.per_replica_batch_size;
+      OnnxOptions onnx;
+      onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
+      onnx.opset = spec_.export_.onnx_opset;
+      train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info,
+                          spec_.export_.onnx ? &onnx : nullptr);
+      summary->model_dir = ctx_.job_dir.model_dir();
+    });
+  }
+
+ private:
+  const config::JobSpec& spec_;
+  const TrainContext& ctx_;
+  Stepper& stepper_;
+  std::string identity_;
+};
+
+// Every replica was asked to stop at this step: checkpoint here and exit (143).
+[[noreturn]] void stop_on_signal(EpochMeter& meter, ChiefWrites& chief, const TrainPosition& pos) {
+  meter.end_progress();
+  chief.checkpoint(pos);
+  throw Interrupted(fmt::format(
+      "stopped by a signal at step {}; the newest checkpoint holds this position: start the same "
+      "command again to resume",
+      pos.global_step));
+}
+
+// The chief's TensorBoard event files (logging.tensorboard), opened inside agree() so that a
+// failure on the chief stops every rank; the resolved job spec is their first summary.
+Summaries open_summaries(const config::JobSpec& spec, const TrainContext& ctx, int64_t first_step) {
+  Summaries summaries;
+  chief_writes(ctx.group, ctx.cluster, ctx.job_dir, "opening the TensorBoard event files", [&] {
+    if (!spec.logging.tensorboard) return;
+    summaries = Summaries(ctx.job_dir.logs_dir(), spec.logging, first_step);
+    summaries.job_spec(first_step, config::to_yaml(spec));
+  });
+  return summaries;
+}
+
+void add_validation(const EvalCounts& val, std::map<std::string, double>* metrics,
+                    std::string* line) {
+  (*metrics)["val_loss"] = val.loss();
+  (*metrics)["val_accuracy"] = val.accuracy();
+  *line += fmt::format("; validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
+                       val.accuracy(), val.num_examples);
+}
+
+}  // namespace
+
+std::string job_identity(const config::JobSpec& spec) {
+  // The fields of config::resumable_changes() may differ between runs of one job.
+  return config::fingerprint(spec, config::resumable_changes(spec));
+}
+
+TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
+  const DataPlan& plan = ctx.plan;
+  dist::ProcessGroup& group = ctx.group;
+
+  // 1. Data: this worker's shard, the same number of steps on every worker.
+  data::LoaderOptions train_options =
+      train_loader_options(spec.data, spec.train, plan, ctx.budget.decode);
+  train_options.pin_memory = ctx.settings.device.is_cuda();
+  data::Loader train_loader(plan.train.examples, std::move(train_options));
+  std::unique_ptr<data::Loader> val_loader;
+  if (plan.validation) {
+    val_loader = make_eval_loader(
+        spec.data, *plan.validation,
+        EvalReading{spec.train.per_replica_batch_size, plan.num_classes, ctx.budget.decode,
+                    plan.worker, plan.num_workers});
+  }
+
+  // 2. Kernels (deterministic or cuDNN benchmark mode), model and optimizer; the schedule
+  // (linear scaling rule when asked).
+  configure_kernels(ctx.settings.device, ctx.settings.deterministic);
+  StepSyncCheck sync_check(ctx.settings.device);
+  Stepper stepper(spec, ctx.settings, group.world_size() > 1,
+                  build_model(spec.model, plan.num_classes, spec.train.seed));
+  log_plan(spec, plan, ctx, stepper.net());
+  const double base_lr =
+      spec.train.optimizer.learning_rate * (spec.train.scale_lr == "linear" ? plan.num_workers : 1);
+  if (spec.train.scale_lr == "linear") {
+    spdlog::info("train.scale_lr: linear: learning rate {} x {} replicas = {}",
+                 spec.train.optimizer.learning_rate, plan.num_workers, base_lr);
+  }
+  const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
+
+  // 3. Resume, then the chief's weights everywhere, then the gradient sync.
+  TrainPosition pos;
+  if (ctx.resume) {
+    restore_checkpoint(*ctx.resume, *stepper.net(), stepper.optimizer(), ctx.settings.device);
+    if (stepper.scaler().enabled() && !ctx.resume->loss_scaler.is_null()) {
+      stepper.scaler().restore(ctx.resume->loss_scaler,
+                               "'" + (ctx.resume->dir / "state.json").string() + "'");
+    }
+    pos = ctx.resume->position;
+    spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
+                 pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
+  }
+  dist::broadcast_parameters(group, replica_state(stepper.net()));
+  stepper.connect(group);
+  ChiefWrites chief(spec, ctx, stepper);
+  const int64_t first_step = ctx.resume ? pos.global_step : 0;
+  EpochMeter meter(
+      plan.num_workers, group, ctx.settings.device,
+      MetricsLog(ctx.job_dir.metrics_file(), first_step), open_summaries(spec, ctx, first_step),
+      Progress(util::stderr_is_tty(), spec.logging.every_steps), spec.logging.every_steps);
+
+  // 4. The loop: steps, then per epoch validation and the checkpoint cadence.
+  TrainSummary summary;
+  summary.epochs_done = pos.epoch;
+  // A resumed job may already be at train.max_steps (then only the export below runs).
+  auto at_max_steps = [&] {
+    return spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
+  };
+  bool stop = at_max_steps();
+  for (; pos.epoch < spec.train.epochs && !stop; ++pos.epoch, pos.batch_in_epoch = 0) {
+    set_train_mode(stepper.net(), spec.model);
+    train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
+    meter.start_epoch(pos, spec.train.epochs, plan.steps_per_epoch);
+    while (auto batch = meter.next_batch(train_loader)) {
+      // The schedule's step is the position in this plan's epochs: the global step, unless the
+      // job resumed at an epoch boundary with another number of workers (check_resume_plan).
+      const int64_t schedule_step = pos.epoch * plan.steps_per_epoch + pos.batch_in_epoch;
+      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape);
+      sync_check.begin_step();
+      const StepResult r = stepper.step(*batch, lr);
+      pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
+      meter.end_step(pos, *batch, r, lr, stepper.sync_stats());
+      sync_check.end_step();
+      if (stepper.stop_everywhere()) stop_on_signal(meter, chief, pos);  // every replica alike
+      if ((stop = at_max_steps())) break;
+      if (chief.step_checkpoint_due(pos)) {
+        meter.flush();  // metrics.jsonl holds every step up to the checkpoint
+        chief.checkpoint(pos);
+      }
+    }
+    std::string line;
+    std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);
+    const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
+    if (val_loader && (epoch_finished || stop)) {
+      const EvalCounts val =
+          evaluate_distributed(group, stepper.net(), *val_loader, plan.num_classes, ctx.settings);
+      set_train_mode(stepper.net(), spec.model);
+      summary.val_accuracy = val.accuracy();
+      add_validation(val, &epoch_metrics, &line);
+    }
+    spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
+    meter.write_epoch(pos, epoch_metrics);
+    chief.checkpoint_if_due(pos, epoch_finished, stop);
+    summary.epochs_done = epoch_finished ? pos.epoch + 1 : pos.epoch;
+  }
+  if (stop) {
+    spdlog::info("train.max_steps {} reached at step {}", spec.train.max_steps, pos.global_step);
+  }
+
+  // 5. Export (chief only), after proving the replicas agree.
+  summary.global_step = pos.global_step;
+  meter.close();
+  chief.export_model(&summary);
+  return summary;
+}
+
+}  // namespace trainer::train

@@ -1,0 +1,119 @@
+#include "trainer/loop/evaluate.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+double EvalCounts::loss() const {
+  return num_examples > 0 ? loss_sum / static_cast<double>(num_examples) : 0.0;
+}
+
+double EvalCounts::accuracy() const {
+  int64_t correct = 0;
+  for (size_t c = 0; c < confusion.size(); ++c) correct += confusion[c][c];
+  return num_examples > 0 ? static_cast<double>(correct) / static_cast<double>(num_examples) : 0.0;
+}
+
+std::vector<double> EvalCounts::per_class_accuracy() const {
+  std::vector<double> out;
+  for (size_t c = 0; c < confusion.size(); ++c) {
+    int64_t total = 0;
+    for (int64_t n : confusion[c]) total += n;
+    out.push_back(total > 0 ? static_cast<double>(confusion[c][c]) / static_cast<double>(total)
+                            : 0.0);
+  }
+  return out;
+}
+
+nlohmann::json EvalCounts::to_json(const std::vector<std::string>& class_names) const {
+  nlohmann::json per_class = nlohmann::json::object();
+  const auto acc = per_class_accuracy();
+  for (size_t c = 0; c < acc.size(); ++c) {
+    per_class[c < class_names.size() ? class_names[c] : std::to_string(c)] = acc[c];
+  }
+  return {{"accuracy", accuracy()},
+          {"loss", loss()},
+          {"num_examples", num_examples},
+          {"per_class", per_class},
+          {"confusion_matrix", confusion},
+          {"class_names", class_names},
+          {"skipped", skipped}};
+}
+
+EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
+                    const ModelSettings& settings) {
+  // Restores every module's own train/eval mode on every way out (so BatchNorm layers frozen by
+  // set_batchnorm_eval stay frozen, and a DataError from the loader leaves the model as it was).
+  struct ModeRestore {
+    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes;
+    ~ModeRestore() {
+      for (auto& [module, training] : modes) module->train(training);
+    }
+  } restore;
+  for (auto& module : net->modules(/*include_self=*/true)) {
+    restore.modes.emplace_back(module, module->is_training());
+  }
+  net->eval();
+  torch::NoGradGuard no_grad;
+
+  EvalCounts counts;
+  counts.confusion.assign(static_cast<size_t>(num_classes),
+                          std::vector<int64_t>(static_cast<size_t>(num_classes), 0));
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    counts.skipped += batch->skipped;
+    if (batch->images.size(0) == 0) continue;
+    // Labels index the confusion matrix: check them before use.
+    const torch::Tensor truth = batch->labels.to(torch::kCPU, torch::kLong).contiguous();
+    const auto* t = truth.data_ptr<int64_t>();
+    for (int64_t i = 0; i < truth.size(0); ++i) {
+      if (t[i] < 0 || t[i] >= num_classes) {
+        throw DataError("evaluate: example " +
+                        std::to_string(batch->indices.at(static_cast<size_t>(i))) + " has label " +
+                        std::to_string(t[i]) + ", expected 0.." + std::to_string(num_classes - 1));
+      }
+    }
+    const torch::Tensor logits =
+        forward_logits(net, prepare_input(batch->images, settings), settings);
+    if (logits.dim() != 2 || logits.size(1) != num_classes) {
+      throw Error(ErrorKind::kInternal,
+                  "evaluate: the model gives " + std::to_string(logits.size(-1)) +
+                      " logits per example, expected " + std::to_string(num_classes) + " classes");
+    }
+    const torch::Tensor losses = torch::nn::functional::cross_entropy(
+        logits, truth.to(logits.device()),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    counts.loss_sum += losses.sum().item<double>();
+    const torch::Tensor predicted = logits.argmax(1).to(torch::kCPU).contiguous();
+    const auto* p = predicted.data_ptr<int64_t>();
+    for (int64_t i = 0; i < truth.size(0); ++i) ++counts.confusion[t[i]][p[i]];
+    counts.num_examples += truth.size(0);
+  }
+  return counts;
+}
+
+EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::ResNet& net, data::Loader& loader,
+                                int64_t num_classes, const ModelSettings& settings) {
+  EvalCounts counts = evaluate(net, loader, num_classes, settings);
+  if (group.world_size() == 1) return counts;
+  std::vector<int64_t> flat = {counts.num_examples, counts.skipped};
+  for (const auto& row : counts.confusion) flat.insert(flat.end(), row.begin(), row.end());
+  flat = group.all_reduce(flat, dist::Reduce::kSum);
+  torch::Tensor loss = torch::tensor({counts.loss_sum}, torch::kFloat64);
+  group.all_reduce_sum({loss});
+  counts.num_examples = flat[0];
+  counts.skipped = flat[1];
+  size_t k = 2;
+  for (auto& row : counts.confusion) {
+    for (auto& cell : row) cell = flat[k++];
+  }
+  counts.loss_sum = loss.item<double>();
+  return counts;
+}
+
+}  // namespace trainer::train

@@ -1,0 +1,81 @@
+// The exported model, the counterpart of the tutorial's SavedModel: MODEL_DIR/model.safetensors
+// (torchvision state-dict keys) and MODEL_DIR/model.json (arch, classes and their names, image
+// size, normalisation, head, precision). `predict` and `evaluate` read exactly this directory.
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/data/image.h"
+#include "trainer/loop/runtime.h"
+#include "trainer/model/resnet.h"
+
+namespace trainer::train {
+
+inline constexpr int kModelFormatVersion = 1;
+
+struct ModelInfo {
+  std::string arch;
+  int64_t num_classes = 0;
+  int64_t head_hidden = 0;
+  std::vector<std::string> class_names;
+  int image_size = 224;
+  std::string normalize = "imagenet";
+  bool reduced_decode = true;      // JPEG DCT-scaled decode (data.reduced_decode)
+  std::string precision = "fp32";  // what it was trained with (evaluate/predict reuse it)
+  bool channels_last = false;
+  int64_t global_step = 0;
+  int64_t epochs = 0;
+  int64_t batch_size = 32;  // per-replica training batch (predict's default batch)
+
+  nlohmann::json to_json() const;
+};
+
+// What a serving stack must do to an image before the model sees it (model.json's
+// `preprocessing`, and the ONNX metadata): decode, resize the whole image to image_size square
+// (bilinear, aspect ratio not kept, no crop; a JPEG at least twice that size first decoded at
+// 1/2, 1/4 or 1/8 scale when reduced_decode), RGB, x / 255, then (x - mean) / std per channel
+// for "imagenet"; NCHW float32.
+nlohmann::json preprocessing_contract(const ModelInfo& info);
+
+// The image preprocessing the model of `info` was trained with (its image size and JPEG decode,
+// no augmentation): what `trainer evaluate` and `trainer predict` feed it.
+data::PreprocessOptions inference_preprocess(const ModelInfo& info);
+
+// How the model of `info` runs inference on `device`: the precision it was trained in where the
+// device has it (inference_precision), its memory format and its input normalization. The one
+// reading of model.json's inference settings.
+ModelSettings inference_settings(const ModelInfo& info, const torch::Device& device);
+
+struct OnnxOptions {
+  bool include_preprocessing = false;  // input uint8 NHWC RGB, normalised in the graph
+  int opset = 13;
+};
+// The model as an ONNX file's bytes (model::export_onnx), with the contract, the class names
+// and model.json in its metadata_props.
+std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options);
+
+// Writes model.safetensors then model.json (each atomically) into `dir`; with `onnx`, then
+// model.onnx too.
+void export_model(const std::filesystem::path& dir, const model::ResNet& net, const ModelInfo& info,
+                  const OnnxOptions* onnx = nullptr);
+
+struct LoadedModel {
+  model::ResNet net{nullptr};
+  ModelInfo info;
+};
+
+// Reads and checks model.json (the first step of load_model_dir; no network is built). Throws
+// DataError naming the file and the field that is missing, of the wrong type or out of range.
+ModelInfo read_model_info(const std::filesystem::path& json_path);
+
+// Reads a model directory. Throws UsageError when `dir` is not a model directory, DataError
+// when its files are damaged or disagree.
+LoadedModel load_model_dir(const std::filesystem::path& dir);
+
+}  // namespace trainer::train

@@ -1,0 +1,139 @@
+#include "trainer/loop/step.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "trainer/loop/optimizer.h"
+#include "trainer/util/signals.h"
+
+namespace trainer::train {
+
+namespace {
+
+std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+// The BN running statistics (running_mean, running_var), averaged across replicas every step.
+std::vector<torch::Tensor> bn_statistics(const model::ResNet& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& item : net->named_buffers()) {
+    if (item.value().is_floating_point() && item.key().find("running_") != std::string::npos) {
+      out.push_back(item.value());
+    }
+  }
+  return out;
+}
+
+// SyncBatchNorm's sums over the replicas, on the process group (blocking, in graph order: every
+// replica runs the same graph, so the collectives match up).
+class GroupStatsReducer : public model::StatsReducer {
+ public:
+  explicit GroupStatsReducer(dist::ProcessGroup& group) : group_(group) {}
+  void sum_(torch::Tensor& t) override { group_.all_reduce_sum({t}); }
+
+ private:
+  dist::ProcessGroup& group_;
+};
+
+model::ResNet placed(model::ResNet net, const ModelSettings& settings) {
+  place_model(net, settings);
+  return net;
+}
+
+}  // namespace
+
+Stepper::Stepper(const config::JobSpec& spec, const ModelSettings& settings, bool distributed,
+                 model::ResNet net)
+    : spec_(spec),
+      settings_(settings),
+      distributed_(distributed),
+      net_(placed(std::move(net), settings)),
+      params_(trainable_parameters(net_)),
+      optimizer_(make_optimizer(spec.train.optimizer, params_)),
+      scaler_(settings.loss_scaling()),
+      loss_options_(torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
+          spec.train.label_smoothing)) {}
+
+void Stepper::connect(dist::ProcessGroup& group) {
+  dist::GradSyncOptions o;
+  o.bucket_mb = spec_.distributed.bucket_mb;
+  if (!spec_.model.freeze_batchnorm) o.averaged_buffers = bn_statistics(net_);
+  o.stop_vote = [] { return util::stop_requested(); };
+  sync_ = std::make_unique<dist::GradientSync>(group, params_, std::move(o));
+  if (distributed_ && spec_.model.sync_batchnorm && !spec_.model.freeze_batchnorm) {
+    bn_reducer_ = std::make_shared<GroupStatsReducer>(group);
+    model::set_batchnorm_reducer(*net_, bn_reducer_);
+    spdlog::info("model.sync_batchnorm: BN statistics over the global batch ({} replicas)",
+                 group.world_size());
+  }
+  if (distributed_) {
+    spdlog::info("gradients: {} all-reduce buckets of about {} MB over {} ({} replicas){}",
+                 sync_->num_buckets(), spec_.distributed.bucket_mb, group.backend(),
+                 group.world_size(),
+                 spec_.model.freeze_batchnorm ? "" : "; BN statistics averaged in the last bucket");
+  }
+}
+
+StepResult Stepper::step(const data::Batch& batch, double lr) {
+  set_learning_rate(*optimizer_, lr);
+  // Reset, not zero: the first backward hands its gradient over without a fill and an add.
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  StepResult r;
+  r.examples = batch.images.size(0);
+  r.loss_scale = scaler_.enabled() ? scaler_.scale() : 0;
+  if (r.examples > 0) {
+    const int64_t micro =
+        spec_.train.micro_batch_size > 0 ? spec_.train.micro_batch_size : r.examples;
+    for (int64_t start = 0; start < r.examples; start += micro) {
+      const int64_t len = std::min(micro, r.examples - start);
+      const bool last = start + len >= r.examples;
+      sync_->set_accumulating(!last);
+      const torch::Tensor labels = prepare_labels(batch.labels.narrow(0, start, len), settings_);
+      const torch::Tensor logits = forward_logits(
+          net_, prepare_input(batch.images.narrow(0, start, len), settings_), settings_);
+      const torch::Tensor loss =
+          torch::nn::functional::cross_entropy(logits, labels, loss_options_);
+      // Each micro-batch's mean weighted by its share: the gradients add up to the batch's.
+      scaler_.scale_loss(len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples))
+          .backward();
+      torch::NoGradGuard no_grad;
+      const torch::Tensor loss_part = loss.detach().to(torch::kDouble) * static_cast<double>(len);
+      const torch::Tensor hits = logits.argmax(1).eq(labels).sum();
+      r.loss_sum = r.loss_sum.defined() ? r.loss_sum + loss_part : loss_part;
+      r.correct = r.correct.defined() ? r.correct + hits : hits;
+    }
+  }
+  sync_->set_accumulating(false);
+  sync_->finish();
+  bool step_ok = true;
+  if (scaler_.enabled()) {
+    const HostSyncAllowed intended;  // GradScaler.step reads its overflow flag the same way
+    step_ok = scaler_.unscale_and_update(params_);
+    r.skipped = !step_ok;
+  }
+  if (step_ok && (r.examples > 0 || distributed_)) optimizer_->step();
+  return r;
+}
+
+bool Stepper::stop_everywhere() const {
+  return distributed_ ? sync_->last_step().stop_votes > 0 : util::stop_requested();
+}
+
+void set_train_mode(model::ResNet& net, const config::ModelSpec& spec) {
+  net->train();
+  if (spec.freeze_batchnorm) model::set_batchnorm_eval(*net);
+}
+
+std::vector<torch::Tensor> replica_state(const model::ResNet& net) {
+  std::vector<torch::Tensor> state = net->parameters();
+  for (const auto& b : net->buffers()) state.push_back(b);
+  return state;
+}
+
+}  // namespace trainer::train
