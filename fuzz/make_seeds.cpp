@@ -14,13 +14,13 @@
 
 #include "small_module.h"
 #include "trainer/config/job_spec.h"
-#include "trainer/synth/synthetic.h"
 #include "trainer/data/tf_example.h"
 #include "trainer/data/tfrecord.h"
 #include "trainer/launch/plan.h"
 #include "trainer/loop/checkpoint.h"
 #include "trainer/loop/model_dir.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/util/fs.h"
 
 using namespace trainer;

@@ -8,8 +8,8 @@
 
 #include "harness.h"
 #include "onnx_check.h"
-#include "trainer/model/resnet.h"
 #include "trainer/loop/model_dir.h"
+#include "trainer/model/resnet.h"
 
 using namespace trainer::testing;
 using Catch::Matchers::Contains;

@@ -338,7 +338,8 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   reading.model = &loaded.info;  // preprocess exactly as the model was trained
   const std::unique_ptr<data::Loader> loader = make_eval_loader(spec.data, listing, reading);
 
-  const torch::Device device = resolve_device(spec.train.device, spec.distributed.backend, {}).device;
+  const torch::Device device =
+      resolve_device(spec.train.device, spec.distributed.backend, {}).device;
   activate_device(device);
   ModelSettings settings = inference_settings(loaded.info, device);
   model::ResNet net = loaded.net;

@@ -56,9 +56,9 @@ class Evaluator {
     const ThreadBudget budget = plan_threads(spec, 1);
     apply_threads(budget);
     plan_ = plan_data(spec, cluster, list_options_for(job_dir.root().string()));
-    loader_ = make_eval_loader(spec.data, *plan_.validation,
-                               EvalReading{spec.train.per_replica_batch_size, plan_.num_classes,
-                                           budget.decode});
+    loader_ = make_eval_loader(
+        spec.data, *plan_.validation,
+        EvalReading{spec.train.per_replica_batch_size, plan_.num_classes, budget.decode});
     net_ = build_model(spec.model, plan_.num_classes, spec.train.seed);
     place_model(net_, settings_);
     // The step the job ends at: an exported model from an earlier, shorter run is not the end.

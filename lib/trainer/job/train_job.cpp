@@ -197,10 +197,9 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   data::Loader train_loader(plan.train.examples, std::move(train_options));
   std::unique_ptr<data::Loader> val_loader;
   if (plan.validation) {
-    val_loader = make_eval_loader(
-        spec.data, *plan.validation,
-        EvalReading{spec.train.per_replica_batch_size, plan.num_classes, ctx.budget.decode,
-                    plan.worker, plan.num_workers});
+    val_loader = make_eval_loader(spec.data, *plan.validation,
+                                  EvalReading{spec.train.per_replica_batch_size, plan.num_classes,
+                                              ctx.budget.decode, plan.worker, plan.num_workers});
   }
 
   // 2. Kernels (deterministic or cuDNN benchmark mode), model and optimizer; the schedule

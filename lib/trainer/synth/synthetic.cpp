@@ -29,13 +29,13 @@
 namespace trainer::synth {
 
 using data::Compression;
+using data::make_image_example;
 using data::RecordWriter;
 using data::Rng;
 using data::shuffle_in_place;
 using data::uniform;
 using data::uniform01;
 using data::uniform_int;
-using data::make_image_example;
 namespace transforms = data::transforms;
 
 namespace {

@@ -14,9 +14,9 @@
 #include "fixtures.h"
 #include "trainer/data/record_source.h"
 #include "trainer/data/source.h"
-#include "trainer/synth/synthetic.h"
 #include "trainer/data/tf_example.h"
 #include "trainer/data/tfrecord.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
 using Catch::Matchers::Contains;

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "train_test_util.h"
-#include "trainer/model/resnet.h"
 #include "trainer/loop/checkpoint.h"
 #include "trainer/loop/optimizer.h"
+#include "trainer/model/resnet.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::train;

@@ -8,9 +8,9 @@
 #include "trainer/data/image.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/source.h"
-#include "trainer/synth/synthetic.h"
-#include "trainer/model/resnet.h"
 #include "trainer/loop/evaluate.h"
+#include "trainer/model/resnet.h"
+#include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::train;

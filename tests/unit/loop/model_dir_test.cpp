@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "train_test_util.h"
-#include "trainer/model/resnet.h"
 #include "trainer/loop/model_dir.h"
+#include "trainer/model/resnet.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::train;
