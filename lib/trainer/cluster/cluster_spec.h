@@ -38,7 +38,7 @@ struct ClusterSpec {
 
   // The one rule for who the chief is: the training task of rank 0 (the `chief` task, else
   // worker 0; an evaluator, rank -1, never is). What only the chief writes goes through
-  // train's chief_writes(); nothing else asks.
+  // job's chief_writes() (job/agreement.h); outside cluster/ nothing else asks.
   bool is_chief() const { return rank == 0; }
 };
 

@@ -3,17 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
-#include <chrono>
 #include <memory>
 
 #include "trainer/data/loader.h"
-#include "trainer/dist/grad_sync.h"
 #include "trainer/dist/replicas.h"
 #include "trainer/job/agreement.h"
 #include "trainer/job/data_plan.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/events.h"
-#include "trainer/loop/loss_scaler.h"
 #include "trainer/loop/metrics.h"
 #include "trainer/loop/model_dir.h"
 #include "trainer/loop/optimizer.h"

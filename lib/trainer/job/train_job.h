@@ -1,9 +1,11 @@
-// The training loop of one process of a (possibly one-process) synchronous data-parallel job:
+// The training job of one process of a (possibly one-process) synchronous data-parallel job,
+// composed from loop/'s parts (Stepper, EpochMeter, evaluate, checkpoints, the model export):
 // data plan -> model (the chief's initial weights broadcast) -> optimizer/schedule -> resume ->
 // epochs of lock-step steps (micro-batches optional; gradients, BN running statistics and the
 // stop vote averaged in the same dist::GradientSync buckets) -> validation summed over workers ->
-// checkpoints and export (chief only). Each step records its timings, the time it waited for
-// input and its page faults in metrics.jsonl. Used by run_train. Not thread-safe.
+// checkpoints and export (chief only, through chief_writes()). Each step records its timings, the
+// time it waited for input and its page faults in metrics.jsonl. Used by run_train. Not
+// thread-safe.
 #pragma once
 
 #include <filesystem>
