@@ -289,7 +289,9 @@ for sp in site.getsitepackages():
   [[ $mode == gpu ]] && args+=("-DCUDAToolkit_ROOT=$cuda_home" "-DTRAINER_CUDA_HOME=$cuda_home"
                                -DUSE_SYSTEM_NVTX=ON)
   echo "+ cmake ${args[*]}"
-  cmake "${args[@]}" || fail "cmake configure"
+  # A failed configure leaves no build.ninja behind, so that build and the steps after it skip
+  # instead of running what an earlier configure generated (another source dir, older code).
+  cmake "${args[@]}" || { rm -f "$build/build.ninja"; fail "cmake configure"; }
   local cache=$build/CMakeCache.txt bad=0 v
   # The stubs stand in for libraries only OpenCV links. Where LibTorch links OpenCV itself
   # (Debian's: Caffe2's image and video ops, with highgui, videoio, dnn...), it needs OpenCV's
