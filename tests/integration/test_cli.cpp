@@ -1,6 +1,6 @@
 // The command line as a user meets it: every subcommand's --help, --version, and every exit
 // code produced by a real bad input (2 usage/config/cluster, 3 data, 143 SIGTERM).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <csignal>
 #include <thread>
@@ -9,7 +9,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("every subcommand has --help", "[cli]") {
   TempDir dir("help");

@@ -4,7 +4,7 @@
 // image; the rule is checked on every template and shown to catch a GPU job on the CPU image.
 // The SLURM script runs for real under a stand-in `srun` that starts its tasks with the
 // variables srun sets.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <regex>
 
@@ -16,7 +16,7 @@
 #include "trainer/config/job_spec.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

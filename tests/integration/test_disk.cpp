@@ -3,7 +3,7 @@
 // intact, and the same command resumes, bit-exact, once space is freed. A read-only job dir and a
 // job dir removed mid-run stop every task with exit 3. The mounts need root (those tests skip with
 // a message elsewhere) and are unmounted afterwards, even when a check fails.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -2,7 +2,7 @@
 // beside 2 workers: outside the training group, it evaluates every complete checkpoint on the
 // validation split into JOB_DIR/eval/metrics.jsonl, skips those checkpoint.keep deletes under
 // it, and ends with the exported model, whose figures equal the chief's own last validation.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 
@@ -10,7 +10,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("launch --evaluator evaluates every checkpoint and the final model", "[evaluator]") {
   TempDir dir("evaluator");

@@ -4,7 +4,7 @@
 // bare "lost the connection" (exit 4) or the collective timeout. Real processes, real TF_CONFIG,
 // real Gloo over loopback. And trainer launch --max-restarts: a killed worker restarts the group,
 // which resumes from the newest checkpoint and ends bit-identical to a run that never failed.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <signal.h>
 #include <sys/types.h>
@@ -17,7 +17,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,13 +1,13 @@
 // The same binary under other launchers: a SLURM job step (`srun trainer --cluster slurm`, its
 // variables faked as srun sets them for two tasks on one node) and torchrun-style variables
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) train over real Gloo like a TF_CONFIG cluster.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -2,14 +2,14 @@
 // the exported model dir -> evaluate reproduces the trainer's final validation accuracy and
 // predict agrees with evaluate image by image; with export.onnx, model.onnx run by OpenCV's DNN
 // agrees with predict; predict over a directory, a glob and a csv manifest writes Kaggle's CSV.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "harness.h"
 #include "onnx_check.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("a small ResNet learns the synthetic data and evaluate and predict agree with it",
           "[learning]") {

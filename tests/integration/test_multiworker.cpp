@@ -2,7 +2,7 @@
 // loopback: the all-reduce averages exactly, only the chief writes, lock-step holds on uneven
 // shards, a differing config stops everyone with exit 2, and a lost peer or an absent chief is
 // exit 4 within the configured timeouts.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <chrono>
 #include <cstring>
@@ -16,7 +16,7 @@
 #include "summaries.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -4,7 +4,7 @@
 // a worker's link is taken down mid-step; a worker starts 20 s late; a worker names a chief
 // address where nothing answers. Root only (it skips with a message elsewhere); every namespace
 // (and with it every link) is removed afterwards, even when a check fails.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,7 +21,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

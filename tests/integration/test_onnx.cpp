@@ -2,7 +2,7 @@
 // the file on real photos (../shared/realdata's hymenoptera images where present, else
 // generated JPEGs) and must agree with `trainer predict` (max |probability difference| <= 1e-4)
 // for resnet18 and resnet50, with the plain fc and with the hidden head, at batch 1 and 8.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cstdio>
 
@@ -12,7 +12,7 @@
 #include "trainer/model/resnet.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -4,12 +4,12 @@
 // in listing, training and predict: left out with one warning (torchvision's ImageFolder does
 // not list .gif, and OpenCV 4.6 cannot decode it); named explicitly, it is a data error.
 // Skips with a message where ../shared/realdata does not exist.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,12 +1,12 @@
 // A torchvision checkpoint as a user has it on disk: a .pth made by python3-torch at test time is
 // model.pretrained as is, and `trainer convert` writes it once as safetensors.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("a torchvision .pth starts training as is and converts once to safetensors",
           "[pth][cli]") {

@@ -1,11 +1,11 @@
 // The README stays true: its two set-up commands are the ones .ci/run and the scripts use, and
 // its field reference is exactly what `trainer train --help` prints.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("README holds the two set-up commands and the current field reference", "[readme]") {
   const std::string readme = slurp(fs::path(TRAINER_SOURCE_DIR) / "README.md");

@@ -3,14 +3,14 @@
 // label and no label.labels.txt. inspect lists both directories' test split with the class names
 // from features.json; asking for the train split, declared but without its shard, is exit 3
 // naming the file; a few steps train on one directory and `trainer evaluate` scores the other.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,14 +1,14 @@
 // Resume as Keras' BackupAndRestore promises it, but exact: a run stopped after epoch 1 and
 // started again ends bit-identical to an uninterrupted one; a damaged checkpoint is skipped; a
 // job dir holding another job is refused unless --overwrite; raising --epochs continues.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "harness.h"
 #include "summaries.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 std::string weights(const fs::path& job) { return slurp(job / "model" / "model.safetensors"); }

@@ -2,7 +2,7 @@
 // loose enough for a busy 2-core machine that only N^2 behaviour breaks), `trainer launch
 // --workers 16` losing a worker whose process stops answering (only liveness can name it: its
 // sockets stay open), and a limit on open files too low for the world size.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <signal.h>
 #include <sys/types.h>
@@ -18,7 +18,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("control plane at 64 ranks: store traffic, heartbeats and a death grow with N, not N^2",
           "[scale]") {

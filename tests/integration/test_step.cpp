@@ -3,7 +3,7 @@
 // allocator it was built with, steady steps take few page faults, inspect shows the effective
 // precision and thread budget for this process's CPUs, and `trainer launch` gives each local
 // worker its own cores.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sched.h>
 
@@ -17,7 +17,7 @@
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

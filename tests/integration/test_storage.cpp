@@ -1,13 +1,13 @@
 // Cloud-storage job dirs and data paths, as the AI Platform tutorial's users write them:
 // `--job-dir gs://BUCKET/DIR` trains into the bucket's FUSE mount (Vertex AI's /gcs convention)
 // or is refused with exit 2 saying how to mount it, never a local folder named `gs:`.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("a gs:// job dir with no bucket mounted: exit 2 saying how to mount it, nothing written",
           "[storage]") {

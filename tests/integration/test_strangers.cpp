@@ -5,7 +5,7 @@
 // middle of a request, each of which stalled LibTorch's store for ever before the listener's
 // reads were bounded) still finishes, with the same exit code and outputs. A flood of
 // half-open connections is not covered: each still stalls the store for up to 2 s.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -5,7 +5,7 @@
 // files TensorFlow wrote in ../shared/realdata (tf.summary.scalar's and Keras's), field by field.
 // (Resume and several workers: test_resume.cpp and test_multiworker.cpp check the files there
 // too; the formats: tests/unit/loop/events_test.cpp.)
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <opencv2/imgcodecs.hpp>
 
@@ -20,7 +20,7 @@
 #include "summaries.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -2,14 +2,14 @@
 // Kaggle-style gzip files; inspect shows each worker's record files under a 3-worker TF_CONFIG;
 // two processes train over the TFDS directory with shard_policy file; a corrupt record is exit 3
 // naming the file and offset, or skipped and counted.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <set>
 
 #include "harness.h"
 
 using namespace trainer::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

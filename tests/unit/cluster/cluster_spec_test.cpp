@@ -1,7 +1,7 @@
 // TF_CONFIG -> ClusterSpec: a table of valid documents with every field of the result, and a
 // table of invalid ones, each checked for "TF_CONFIG: " and the quoted offending part. Also the
 // host:port helpers, to_json, the 'master' log line and cluster_from_env over the real environment.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 #include "common/log_capture.h"
 
 #include <cstdlib>
@@ -18,8 +18,8 @@
 #include "trainer/cluster/environment.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
-using Catch::Matchers::StartsWith;
+using trainer::test::Contains;
+using trainer::test::StartsWith;
 using trainer::ConfigError;
 using trainer::cluster::cluster_from_env;
 using trainer::cluster::ClusterSpec;

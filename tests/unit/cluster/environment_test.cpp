@@ -1,14 +1,14 @@
 // The source distributed.cluster picks: the `auto` order (TF_CONFIG first, then torchrun's
 // variables, else one process; SLURM's only when asked for), each source on its own, and an
 // unknown source refused.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <string>
 
 #include "trainer/cluster/environment.h"
 
 using namespace trainer::cluster;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("auto: TF_CONFIG first, then torchrun's variables, else one process", "[cluster]") {
   const std::string tf =

@@ -2,7 +2,7 @@
 // LOCAL_RANK / LOCAL_WORLD_SIZE, srun's SLURM_LOCALID with its node's task count, the position
 // among the TF_CONFIG training tasks that share its host (mixed hosts), and none; which source
 // wins; and a ConfigError naming the variable and its value for each bad value.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <string>
 
@@ -13,7 +13,7 @@
 
 using namespace trainer;
 using namespace trainer::cluster;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // SLURM's environment -> the ClusterSpec TF_CONFIG would give: SLURM's host lists and task
 // counts, the TF_CONFIG document derived from a fake `srun` environment, and an error naming the
 // variable for each bad input.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,7 +13,7 @@
 
 using namespace trainer;
 using namespace trainer::cluster;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using Strings = std::vector<std::string>;
 
 TEST_CASE("SLURM host lists expand as scontrol show hostnames does", "[cluster][slurm]") {

@@ -1,7 +1,7 @@
 // torchrun-style environments (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) -> the ClusterSpec
 // TF_CONFIG would give: the rank, the chief's address (one port up under torchrun's static
 // rendezvous), and an error naming the variable for each bad input.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <string>
 
@@ -9,7 +9,7 @@
 #include "trainer/cluster/torchrun.h"
 
 using namespace trainer::cluster;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 TEST_CASE("torchrun's variables give the rank and the chief's address", "[cluster][torchrun]") {
   Environment env = {{"RANK", "1"},

@@ -1,7 +1,7 @@
 // Job-spec parsing: a table of valid and invalid YAML documents and --set overrides. Every
 // invalid case checks that the message names the place (file:line or the override) and the
 // dotted field.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <filesystem>
 #include <fstream>
@@ -14,7 +14,7 @@
 #include "trainer/config/job_spec.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::config::flatten;
 using trainer::config::JobSpec;

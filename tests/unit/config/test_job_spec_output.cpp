@@ -1,6 +1,6 @@
 // Job-spec outputs: to_yaml round trip, flatten, first_difference, fingerprint, to_json and
 // the field reference.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <set>
 #include <string>
@@ -8,8 +8,8 @@
 
 #include "trainer/config/job_spec.h"
 
-using Catch::Matchers::Contains;
-using Catch::Matchers::StartsWith;
+using trainer::test::Contains;
+using trainer::test::StartsWith;
 using namespace trainer::config;
 
 namespace {

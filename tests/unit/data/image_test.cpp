@@ -1,5 +1,5 @@
 // Decoding, transforms and normalisation of one image (real OpenCV encode/decode).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <opencv2/imgproc.hpp>
 
@@ -10,7 +10,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
 

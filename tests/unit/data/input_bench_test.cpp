@@ -3,7 +3,7 @@
 // decode thread, on generated 800x600 JPEGs resized to 300, with full and reduced-scale
 // decoding and with the memory cache warm. TRAINER_BENCH_IMAGES (default 240) and
 // TRAINER_BENCH_THREADS (default "1,2") size it.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <chrono>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // The loader: epoch order, batching, determinism across thread counts, corrupt-image handling,
 // restarts and shutdown. Fixtures are small JPEGs written at test time.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +14,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
 using testing::whole_epoch;

@@ -2,7 +2,7 @@
 // order (interleave + shuffle buffer) reproduced for a seed, corrupt records failing with the
 // file and offset or skipped and counted, the memory cache giving the same batches without
 // reading again, and reduced-scale JPEG decoding. Fixtures: real record files written here.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <map>
 #include <set>
@@ -21,7 +21,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
 using testing::whole_epoch;

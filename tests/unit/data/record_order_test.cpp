@@ -1,7 +1,7 @@
 // The tf.data-style order of record sources: interleave and shuffle-buffer semantics, FILE
 // sharding of 8 shards over 3 workers (disjoint, complete, balanced, lock-step), DATA sharding
 // (every record exactly once per epoch across workers), and seeds that reproduce the order.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <algorithm>
 #include <map>
@@ -125,7 +125,7 @@ TEST_CASE("FILE sharding of 8 shards over 3 workers: disjoint, complete, balance
   CHECK(plan_shards(even, "auto", 0, 2, batch).policy_effective == "file");
   const ShardPlan three = plan_shards(even, "auto", 0, 3, batch);
   CHECK(three.policy_effective == "data");
-  CHECK_THAT(three.reason, Catch::Matchers::Contains("balance poorly"));
+  CHECK_THAT(three.reason, trainer::test::Contains("balance poorly"));
 }
 
 TEST_CASE("DATA sharding over record files: every record exactly once per epoch", "[records]") {

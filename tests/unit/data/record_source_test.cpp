@@ -1,7 +1,7 @@
 // Listing tfrecord sources: TFDS directories (split selection, class names, counts from
 // dataset_info.json), Kaggle-style files through globs and lists, the header scan and its
 // count cache, and the errors for what is missing. Fixtures: make-dataset's TFRecord writer.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "common/message_of.h"
 
@@ -19,7 +19,7 @@
 #include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using namespace trainer;
 using namespace trainer::data;
 using namespace trainer::synth;

@@ -1,7 +1,7 @@
 // Sharding: file/data/off/auto plans, their per-epoch orders, the lock-step step agreement and
 // distributed evaluation shards, swept over world sizes. The file groups are arithmetic (file f
 // holds a known run of example indices), so every expected share is known exactly.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <algorithm>
 #include <numeric>
@@ -16,7 +16,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Listing sources: imagefolder layout and csv manifests (parsing, labels, path containment).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "fixtures.h"
 #include "trainer/data/source.h"
@@ -7,7 +7,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 using testing::TempDir;
 using testing::write_text;

@@ -1,6 +1,6 @@
 // tf.train.Example payloads: make/parse round trips, Kaggle-style keys, hand-built protobuf wire
 // bytes (packed and unpacked int64 lists), and errors naming the key, the origin and the keys.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <string>
 
@@ -9,7 +9,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

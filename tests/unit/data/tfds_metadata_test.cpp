@@ -2,7 +2,7 @@
 // three real forms, and a split whose shard file dataset_info.json declares but the directory
 // lacks. Checked on generated directories and, where ../shared/realdata exists, on real ones
 // written by TFDS (mnist and fashion_mnist; /work/shared/realdata/README.md describes them).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "common/message_of.h"
 
@@ -16,7 +16,7 @@
 #include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using namespace trainer;
 using namespace trainer::data;
 using namespace trainer::synth;

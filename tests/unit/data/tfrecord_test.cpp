@@ -2,7 +2,7 @@
 // checked byte by byte, counting, compression detection, and every corruption case with the
 // record number and byte offset in its message.
 #include <zlib.h>
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sys/resource.h>
 
@@ -18,7 +18,7 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_text;

@@ -1,7 +1,7 @@
 // The control plane without a mesh (DistOptions::mesh = false): the comparison through the store
 // that verify_same_job uses, liveness naming a rank that went silent, the open-files check. Ranks
 // are threads with their own real ProcessGroup and store connections.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <chrono>
 #include <optional>
@@ -15,7 +15,7 @@
 using namespace trainer;
 using namespace trainer::dist;
 using namespace trainer::dist::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

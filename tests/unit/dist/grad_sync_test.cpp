@@ -2,7 +2,7 @@
 // after backward + finish() every rank's gradients equal the average of the per-rank gradients
 // computed independently. A frozen parameter, one never used, one used on rank 0 only; tiny
 // buckets (one parameter each) and one big bucket; channels_last; bf16 autocast.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "dist_test_util.h"
 #include "trainer/dist/grad_sync.h"
@@ -216,7 +216,7 @@ TEST_CASE("GradientSync refuses a second backward before finish()", "[dist][grad
     sync.finish();
     return error;
   });
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("second gradient"));
+  for (const auto& e : errors) CHECK_THAT(e, trainer::test::Contains("second gradient"));
 }
 
 TEST_CASE("GradientSync refuses a parameter unfrozen after it was built", "[dist][grad_sync]") {
@@ -228,7 +228,7 @@ TEST_CASE("GradientSync refuses a parameter unfrozen after it was built", "[dist
     forward_backward(nets[r], batches[r], r, Variant::kPlain);
     return what_of<trainer::Error>([&] { sync.finish(); });
   });
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("#1 was frozen"));
+  for (const auto& e : errors) CHECK_THAT(e, trainer::test::Contains("#1 was frozen"));
 }
 
 TEST_CASE("GradientSync averages BN statistics and counts stop votes in the last bucket",

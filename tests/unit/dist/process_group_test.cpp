@@ -1,7 +1,7 @@
 // ProcessGroup over real Gloo on loopback, ranks as threads: the collectives for world sizes
 // 1, 2, 3; option validation; and the ways a run fails instead of hanging: no chief, missing
 // workers, mismatched world sizes, a peer that never joins a collective, a peer that is gone.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sys/wait.h>
 
@@ -18,7 +18,7 @@
 #include "trainer/util/error.h"
 #include "trainer/util/signals.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::DistributedError;
 using trainer::Interrupted;

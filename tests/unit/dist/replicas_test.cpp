@@ -1,7 +1,7 @@
 // Replica consistency: broadcast_parameters makes every rank hold the chief's tensors bit for
 // bit; checksum is bitwise and layout-independent; check_replicas_agree names diverged ranks.
 // Also a hidden benchmark ([.bench]): 100 MB float all-reduce across 2 ranks on loopback.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <algorithm>
 #include <iostream>
@@ -10,7 +10,7 @@
 #include "trainer/dist/replicas.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::DistributedError;
 using trainer::dist::broadcast_parameters;
 using trainer::dist::check_replicas_agree;

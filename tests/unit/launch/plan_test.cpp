@@ -1,7 +1,7 @@
 // `trainer launch`'s plan: the tasks, ports and local ranks of each cluster shape, the TF_CONFIG
 // each task gets (checked with the real parse_tf_config), the options refused before anything
 // starts, the CPU slices, each process's environment and which failures are restarted.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <filesystem>
 #include <string>
@@ -13,7 +13,7 @@
 #include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::UsageError;
 using trainer::cluster::parse_tf_config;
 using trainer::launch::LaunchOptions;

@@ -2,7 +2,7 @@
 // (checked with the real parse_tf_config), line prefixes on stdout and stderr, a failing process
 // stopping the others, SIGTERM/SIGINT forwarding, start failures, no leaked pipes, and free-port
 // picking. Nothing here listens on a port, so fixed ports are safe.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 #include "common/log_capture.h"
 
 #include <netinet/in.h>
@@ -31,7 +31,7 @@
 #include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::cluster::parse_tf_config;
 using trainer::cluster::port_of;
 using trainer::launch::LaunchOptions;

@@ -1,7 +1,7 @@
 // Checkpoints: a bit-exact round trip of model, optimizer and RNG state; pruning to `keep`;
 // damaged, half-written and foreign-version checkpoints are skipped in favour of older ones.
 #include <caffe2/serialize/inline_container.h>
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,7 +17,7 @@
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Which device a process trains on (choose_device, pure, so every case runs on a CPU): cpu, auto
 // with and without GPUs, cuda as local rank mod the visible GPUs, cuda:N and N out of range, and
 // NCCL's rule of one GPU per local rank (exit 2 naming both numbers).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <string>
 
@@ -9,7 +9,7 @@
 #include "trainer/loop/runtime.h"
 #include "trainer/util/error.h"
 
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::cluster::LocalRank;
 using trainer::train::choose_device;

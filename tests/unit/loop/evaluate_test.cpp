@@ -1,6 +1,6 @@
 // EvalCounts' derived numbers on a hand-built confusion matrix, and evaluate() over a real
 // loader of generated images.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <nlohmann/json.hpp>
 

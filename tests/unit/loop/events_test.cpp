@@ -4,7 +4,7 @@
 // messages by a small protobuf wire-format walker with TensorFlow's field numbers written out
 // (tensorflow/core/util/event.proto, core/framework/summary.proto, tensor.proto,
 // tensor_shape.proto, types.proto). Also: the flusher thread, trimming on resume, file order.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <opencv2/imgcodecs.hpp>
 

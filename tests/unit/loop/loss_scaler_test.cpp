@@ -1,7 +1,7 @@
 // The fp16 loss scaler's rule (GradScaler's: scale 2^16, x2 after growth_interval good steps, x0.5
 // and a skipped step on inf/NaN), run on the CPU in fp32 with injected inf gradients, and its
 // state through a checkpoint: a resumed run takes the same steps, bit for bit.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 #include <limits>
@@ -17,7 +17,7 @@
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

@@ -1,6 +1,6 @@
 // MetricsLog: one JSON object per line; resuming drops the records after the resume step; a
 // non-finite value is null; a line cut short by a crash is dropped.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,6 @@
 // export_model / load_model_dir: a round trip of info and weights; a directory that is not a
 // model directory is a UsageError; damaged or inconsistent files are DataErrors.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,7 +12,7 @@
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

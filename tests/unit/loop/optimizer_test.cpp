@@ -1,6 +1,6 @@
 // make_optimizer: the configured LibTorch optimizer with the spec's options; set_learning_rate
 // on every parameter group; an unknown name is a ConfigError.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include "train_test_util.h"
 #include "trainer/config/job_spec.h"

@@ -1,5 +1,5 @@
 // The thread budget (train.threads, data.num_workers: auto) and train.precision: auto.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -40,9 +40,9 @@ TEST_CASE("plan_threads: auto sizes every kind of thread for the cores this proc
   CHECK(b.intra_op == 3);
   CHECK(b.decode == 5);
   CHECK(b.gloo == 2);
-  CHECK_THAT(b.describe(), Catch::Matchers::Contains("16 core(s)") &&
-                               Catch::Matchers::Contains("3 intra-op") &&
-                               Catch::Matchers::Contains("5 decode"));
+  CHECK_THAT(b.describe(), trainer::test::Contains("16 core(s)") &&
+                               trainer::test::Contains("3 intra-op") &&
+                               trainer::test::Contains("5 decode"));
 }
 
 TEST_CASE("train.precision: auto is bf16 exactly where the CPU computes bf16 natively",
@@ -64,13 +64,13 @@ TEST_CASE("train.precision on GPUs: auto picks bf16 on sm80+, fp16 on sm70/75, f
   CHECK(effective_precision("bf16", 8, false) == "bf16");
   // What no kernel computes is refused with the reason and the way out.
   CHECK_THROWS_WITH(effective_precision("bf16", 7, true),
-                    Catch::Matchers::Contains("train.precision: bf16 needs a GPU of compute "
+                    trainer::test::Contains("train.precision: bf16 needs a GPU of compute "
                                               "capability 8.0") &&
-                        Catch::Matchers::Contains("this one is 7.x") &&
-                        Catch::Matchers::Contains("use fp16"));
+                        trainer::test::Contains("this one is 7.x") &&
+                        trainer::test::Contains("use fp16"));
   CHECK_THROWS_AS(effective_precision("bf16", 7, true), trainer::ConfigError);
   CHECK_THROWS_WITH(effective_precision("fp16", 0, true),
-                    Catch::Matchers::Contains("fp16 trains on CUDA GPUs only"));
+                    trainer::test::Contains("fp16 trains on CUDA GPUs only"));
   CHECK_THROWS_AS(effective_precision("fp16", torch::kCPU), trainer::ConfigError);
 }
 
@@ -90,7 +90,7 @@ TEST_CASE("inference precision and train.deterministic per device", "[runtime]")
 TEST_CASE("TRAINER_CUDA_SYNC_DEBUG: only warn or error", "[runtime]") {
   ::setenv("TRAINER_CUDA_SYNC_DEBUG", "loud", 1);
   CHECK_THROWS_WITH(trainer::train::StepSyncCheck(torch::kCPU),
-                    Catch::Matchers::Contains("TRAINER_CUDA_SYNC_DEBUG: expected warn or error, "
+                    trainer::test::Contains("TRAINER_CUDA_SYNC_DEBUG: expected warn or error, "
                                               "got 'loud'"));
   ::setenv("TRAINER_CUDA_SYNC_DEBUG", "error", 1);
   trainer::train::StepSyncCheck on_cpu(torch::kCPU);  // the CPU has nothing to check

@@ -1,6 +1,6 @@
 // learning_rate_at: constant, linear warm-up, cosine and step decay, as pure functions of the
 // step.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 

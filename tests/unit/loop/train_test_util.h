@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 #include <unistd.h>
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <atomic>
 #include <cstring>

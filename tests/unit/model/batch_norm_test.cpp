@@ -2,7 +2,7 @@
 // one replica it computes what plain BN computes (forward, backward, running statistics), and
 // over two simulated replicas (halves of one batch, summed by a shared reducer) what plain BN
 // computes on the whole batch.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <condition_variable>
 #include <mutex>

@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <atomic>
 #include <cstdio>

@@ -2,7 +2,7 @@
 // graph has one Conv per convolution (BatchNorm folded), a dynamic batch, and OpenCV's DNN
 // (an independent importer and kernels) computes the module's eval-mode logits from it.
 // The graph writer's own refusals (opset range, bad initializers, bytes that are not ONNX).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <opencv2/dnn.hpp>
 

@@ -1,7 +1,7 @@
 // Parity with torchvision: our weights give torchvision's logits and torchvision's weights give
 // ours (tests/parity/torchvision_parity.py, run with TRAINER_PYTHON). Needs python3-torchvision;
 // without it the test fails and says how to install it.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <iostream>
 

@@ -2,7 +2,7 @@
 // tests/parity/make_pth.py with TRAINER_PYTHON) gives torchvision's logits, every torch.save
 // flavour of one state dict reads the same, and hostile streams built byte by byte here fail with
 // a DataError naming the file and the problem.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <fstream>
 #include <iostream>
@@ -13,7 +13,7 @@
 #include "trainer/model/safetensors.h"
 
 using namespace trainer::model;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 using trainer::model::testing::data_error_of;
 using trainer::model::testing::find;
 using trainer::model::testing::quoted;

@@ -1,5 +1,5 @@
 // ResNet family: sizes, names, initialisation, options errors and the training helpers.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 #include <fstream>
@@ -160,9 +160,9 @@ TEST_CASE("make_resnet rejects bad options with ConfigError", "[resnet]") {
         "model.arch: expected one of resnet18|resnet34|resnet50|resnet101|resnet152, got "
         "'resnet51'");
   CHECK_THAT(config_error_of({"resnet18", 0, 0}),
-             Catch::Contains("model.num_classes") && Catch::Contains("got 0"));
+             trainer::test::Contains("model.num_classes") && trainer::test::Contains("got 0"));
   CHECK_THAT(config_error_of({"resnet18", 10, -1}),
-             Catch::Contains("model.head_hidden") && Catch::Contains("got -1"));
+             trainer::test::Contains("model.head_hidden") && trainer::test::Contains("got -1"));
   CHECK_THROWS_AS(ResNet(ResNetOptions{"", 10, 0}), trainer::ConfigError);
 }
 

@@ -1,5 +1,5 @@
 // safetensors encode/decode (round trip, every corrupt-file case) and load_state_dict.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cmath>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "trainer/util/error.h"
 
 using namespace trainer::model;
-using Catch::Contains;
+using trainer::test::Contains;
 using trainer::model::testing::calibrate_batchnorm;
 using trainer::model::testing::data_error_of;
 using trainer::model::testing::seeded_input;

@@ -1,5 +1,5 @@
 // make-dataset: layout and counts, deterministic bytes, option validation, decodability.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <opencv2/imgcodecs.hpp>
 

@@ -2,7 +2,7 @@
 // mask gives the usable cores; resource_usage counts the page faults of first touches; and with
 // glibc (the unit tests do not link jemalloc) configure_allocator keeps freed large blocks
 // mapped, so reusing them takes almost no page faults.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sched.h>
 #include <sys/prctl.h>

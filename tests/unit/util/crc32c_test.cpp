@@ -1,6 +1,6 @@
 // CRC-32C: known vectors (RFC 3720 appendix B.4 and "123456789"), software and hardware paths
 // agreeing on random buffers of many lengths and alignments, incremental extension, TFRecord mask.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cstdint>
 #include <random>

@@ -1,6 +1,6 @@
 // describe_exception: the one mapping of exception types to exit kinds and one-line messages,
 // used by main() and by the failure report a rank sends its peers.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,7 +11,7 @@
 #include "trainer/util/error.h"
 
 using namespace trainer;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 
 namespace {
 

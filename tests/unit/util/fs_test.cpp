@@ -1,6 +1,6 @@
 // util/fs: an I/O failure is a data error (exit 3) that names the path; a directory fsync that
 // the file system does not support is not a failure; AppendFile writes whole records or none.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "trainer/util/fs.h"
 
 using namespace trainer;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 
 TEST_CASE("write_file_atomic and fsync_dir: data errors naming the path", "[util][fs]") {

@@ -1,7 +1,7 @@
 // FNV-1a: the published test vectors (64 and 128 bits), and values computed with the three
 // copies this header replaced (job-spec fingerprint, listing digest, replica checksum), which are
 // stored in job dirs or compared across ranks and so must never change.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <cstdint>
 #include <cstdio>

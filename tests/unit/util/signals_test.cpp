@@ -1,7 +1,7 @@
 // Stop signals, in a forked child (the handlers are process-wide): the first asks for a stop,
 // a second changes nothing (the checkpoint being written is finished), a third exits at once
 // with 143.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // util/storage: a cloud-storage path resolves to its mounted bucket or is refused (exit 2) with
 // how to mount it; it is never a local folder named after the scheme.
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "trainer/util/storage.h"
 
 using namespace trainer;
-using Catch::Matchers::Contains;
+using trainer::test::Contains;
 namespace fs = std::filesystem;
 
 namespace {

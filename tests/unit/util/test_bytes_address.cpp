@@ -1,5 +1,5 @@
 // util/bytes.h (the one little-endian reader and writer) and util/address.h (the one host:port).
-#include <catch2/catch.hpp>
+#include "common/catch.h"
 
 #include <limits>
 
