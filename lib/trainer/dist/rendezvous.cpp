@@ -220,7 +220,7 @@ void ProcessGroup::Impl::rendezvous() {
       std::this_thread::sleep_for(kPoll);
     }
     // Every rank has joined (and beats): the chief starts watching them, then lets them go.
-    store->set(detail::kSilentKey, {});
+    store->set(detail::kSilentKey, std::vector<uint8_t>{});
     start_heartbeat();
     store->set(kReadyKey, std::vector<uint8_t>{'1'});
   } else {
