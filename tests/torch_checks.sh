@@ -88,7 +88,7 @@ if ! grep -q "LibTorch bundles protobuf headers in $zip/include/google/protobuf 
   cat "$tmp/bundled.log"
   fail "bundled: configure did not say that LibTorch bundles protobuf headers"
 fi
-shadow=$tmp/bundled-build/system-protobuf/include
+shadow=$tmp/bundled-build/system-headers/include
 for source in lib/trainer/data/tf_example.cpp lib/trainer/loop/events.cpp; do
   command=$(grep -F "\"command\"" "$tmp/bundled-build/compile_commands.json" |
             grep -F -- "-c $src/$source\"" || true)
