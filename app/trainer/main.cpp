@@ -16,6 +16,7 @@
 
 #include "trainer/config/job_spec.h"
 #include "trainer/job/commands.h"
+#include "trainer/loop/runtime.h"
 #include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
@@ -51,7 +52,7 @@ int run(int argc, char** argv) {
       "trainer: synchronous data-parallel training of image classifiers (ResNet)\n"
       "The same binary runs on every node; TF_CONFIG tells each process its role.",
       "trainer"};
-  app.set_version_flag("--version", std::string("trainer ") + TRAINER_VERSION);
+  app.set_version_flag("--version", [] { return train::version_report(TRAINER_VERSION); });
   app.require_subcommand(1);
   app.footer(
       "Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n"

@@ -888,6 +888,14 @@ ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->opts.rank; }
 int ProcessGroup::world_size() const { return impl_->opts.world_size; }
 std::string ProcessGroup::backend() const { return impl_->backend_name; }
+
+std::string nccl_version() {
+#ifdef TRAINER_WITH_CUDA
+  return c10d::getNcclVersion();
+#else
+  return "";
+#endif
+}
 bool ProcessGroup::communicates() const { return !impl_->local(); }
 
 void ProcessGroup::wait_device(const std::string& what, const std::function<bool()>& ready) {

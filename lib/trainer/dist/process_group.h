@@ -183,4 +183,7 @@ class ProcessGroup {
   std::shared_ptr<Impl> impl_;
 };
 
+// NCCL's version as LibTorch reports it ("2.28.9"), or "" in a build without CUDA. Needs no GPU.
+std::string nccl_version();
+
 }  // namespace trainer::dist

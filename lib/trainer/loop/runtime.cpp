@@ -11,9 +11,11 @@
 #ifdef TRAINER_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include "trainer/dist/process_group.h"
 #include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
@@ -206,6 +208,45 @@ void configure_kernels(const torch::Device& device, bool deterministic) {
     ctx.setDeterministicCuDNN(false);
     ctx.setBenchmarkCuDNN(true);
   }
+}
+
+namespace {
+
+// "13.0" for CUDA's 13000, "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000 before).
+std::string cuda_version_text(long v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
+std::string cudnn_version_text(long v) {
+  if (v >= 90000) return fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100);
+  return fmt::format("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100);
+}
+
+}  // namespace
+
+std::string version_report(const std::string& trainer_version) {
+  std::string out = "trainer " + trainer_version + "\n";
+  out += fmt::format("LibTorch {}\n", TORCH_VERSION);
+#ifdef TRAINER_WITH_CUDA
+  const auto& hooks = at::detail::getCUDAHooks();
+  out += "CUDA " + cuda_version_text(hooks.versionCUDART()) + " (built with)\n";
+  long cudnn = 0;
+  try {
+    cudnn = hooks.versionCuDNN();
+  } catch (const c10::Error&) {
+    // A LibTorch built without cuDNN.
+  }
+  out += "cuDNN " + (cudnn > 0 ? cudnn_version_text(cudnn) : std::string("none")) + "\n";
+  out += "NCCL " + dist::nccl_version() + "\n";
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (gpus == 0) out += "GPUs: none visible (no GPU or no driver: training runs on the CPU)\n";
+  for (int i = 0; i < gpus; ++i) {
+    const auto* p = at::cuda::getDeviceProperties(i);
+    out += fmt::format("GPU cuda:{}: {}, compute capability {}.{}, {:.0f} GiB\n", i, p->name,
+                       p->major, p->minor, static_cast<double>(p->totalGlobalMem) / (1 << 30));
+  }
+#else
+  out += "CUDA none (a CPU build)\ncuDNN none\nNCCL none\nGPUs: none (a CPU build)\n";
+#endif
+  out.pop_back();  // CLI11 ends the line
+  return out;
 }
 
 std::pair<double, double> measure_bf16_cost() {

@@ -102,6 +102,11 @@ void configure_kernels(const torch::Device& device, bool deterministic);
 // CPU, for the warning that bf16 is emulated here.
 std::pair<double, double> measure_bf16_cost();
 
+// What `trainer --version` prints: the trainer's version, then LibTorch's, the CUDA, cuDNN and
+// NCCL it was built with ("none" in a CPU build), and the GPUs this process sees now (none on a
+// machine without a GPU or driver: a CUDA build starts there and trains on the CPU).
+std::string version_report(const std::string& trainer_version);
+
 // How the model runs and what its input is: device, precision, layout, and how the uint8 pixels
 // of a batch become the float input (data.normalize).
 struct ModelSettings {
