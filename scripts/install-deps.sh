@@ -1,13 +1,43 @@
 #!/usr/bin/env bash
-# Installs every Debian package the build, the tests and the fast BLAS need.
-# Idempotent; run as root on Debian 12 (bookworm). Set TRAINER_RUNTIME_ONLY=1 for the
-# runtime libraries alone (the Docker runtime stage).
+# Installs every Debian package the build, the tests and the fast BLAS need. Idempotent; run as
+# root on Debian 12 (bookworm) or 13 (trixie).
+#   bash scripts/install-deps.sh               Debian's packages (LibTorch 1.13 on 12, 2.6 on 13)
+#   bash scripts/install-deps.sh --torch pip   ... and PyTorch's wheel (torch==2.11.0, the CUDA 13.0
+#                                              build, with torchvision and numpy) in a venv at
+#                                              /opt/trainer/venv-torch-2.11.0, reused when present
+#                                              (scripts/torch-flavour.sh: TRAINER_TORCH_VERSION,
+#                                              TRAINER_TORCH_VENV)
+# Set TRAINER_RUNTIME_ONLY=1 for the runtime libraries alone (the Docker runtime stage).
 set -euo pipefail
+here=$(dirname "$0")
+# shellcheck source=torch-flavour.sh
+. "$here/torch-flavour.sh"
+torch_parse_args "$@"
+if ((${#torch_args_rest[@]})); then
+  echo "install-deps.sh: unknown arguments: ${torch_args_rest[*]} (usage: install-deps.sh [--torch debian|pip])" >&2
+  exit 2
+fi
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "install-deps.sh: must run as root (apt-get install)" >&2
   exit 2
 fi
+
+# The Debian release: the package names of the runtime libraries differ between 12 and 13.
+release=""
+if [[ -r /etc/os-release ]]; then
+  # shellcheck disable=SC1091
+  release=$(. /etc/os-release; [[ ${ID:-} == debian ]] && echo "${VERSION_ID:-${VERSION_CODENAME:-}}")
+fi
+case $release in
+  12|bookworm) release=12 ;;
+  13|trixie) release=13 ;;
+  *)
+    what=$( (. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}") || echo unknown)
+    echo "install-deps.sh: this script knows Debian 12 (bookworm) and Debian 13 (trixie); this machine is '$what'." >&2
+    echo "  Elsewhere, install the equivalents of the packages listed in scripts/install-deps.sh by hand." >&2
+    exit 2 ;;
+esac
 
 build_pkgs=(
   build-essential cmake ninja-build pkg-config git
@@ -18,16 +48,26 @@ build_pkgs=(
   # test-only: the reference implementation the parity tests compare against
   python3 python3-torch python3-torchvision python3-numpy
 )
-runtime_pkgs=(
-  libtorch1.13 libopencv-imgcodecs406 libopencv-imgproc406 libopencv-core406
-  libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread libjemalloc2
-  libonnx1
-)
+if [[ $release == 12 ]]; then
+  runtime_pkgs=(
+    libtorch1.13 libopencv-imgcodecs406 libopencv-imgproc406 libopencv-core406
+    libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread
+    libjemalloc2 libonnx1
+  )
+else
+  runtime_pkgs=(
+    libtorch2.6 libopencv-imgcodecs410 libopencv-imgproc410 libopencv-core410
+    libspdlog1.15 libfmt10 libyaml-cpp0.8 libprotobuf32t64 zlib1g libgloo0 libopenblas0-pthread
+    libjemalloc2 libonnx1t64
+  )
+fi
 
 if [[ ${TRAINER_RUNTIME_ONLY:-0} == 1 ]]; then
   pkgs=("${runtime_pkgs[@]}")
 else
   pkgs=("${build_pkgs[@]}")
+  # The pip flavour's venv is made with Debian's Python.
+  [[ $torch_flavour == pip ]] && pkgs+=(python3-venv)
 fi
 
 missing=()
@@ -35,10 +75,34 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then
-  echo "install-deps.sh: all ${#pkgs[@]} packages already installed"
+  echo "install-deps.sh: all ${#pkgs[@]} packages for Debian $release already installed"
+else
+  echo "install-deps.sh: installing for Debian $release: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+[[ $torch_flavour == pip ]] || exit 0
+
+# PyTorch's wheel, in a venv outside the checkout (rebuilds and CI runs on this machine reuse it).
+tv=$(torchvision_version)
+py=$(torch_python)
+want="$torch_version $tv"
+have=""
+if [[ -x $py ]]; then
+  have=$("$py" -c 'import torch, torchvision, numpy; print(torch.__version__.split("+")[0], torchvision.__version__.split("+")[0])' 2>/dev/null || true)
+fi
+if [[ $have == "$want" ]]; then
+  echo "install-deps.sh: torch $torch_version and torchvision $tv already in $torch_venv"
   exit 0
 fi
-echo "install-deps.sh: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends "${missing[@]}"
+echo "install-deps.sh: torch==$torch_version torchvision==$tv numpy into $torch_venv (about 2.7 GB with CUDA's wheels)"
+mkdir -p "$(dirname "$torch_venv")"
+[[ -x $py ]] || /usr/bin/python3 -m venv "$torch_venv"
+start=$SECONDS
+# --no-cache-dir: the venv is the cache; a second copy of 2.7 GB in ~/.cache helps nobody.
+(cd / && "$py" -m pip install --no-cache-dir --progress-bar off --disable-pip-version-check \
+  "torch==$torch_version" "torchvision==$tv" numpy)
+"$py" -c 'import torch; print("install-deps.sh: torch", torch.__version__, "CUDA", torch.version.cuda, "cxx11 ABI", torch.compiled_with_cxx11_abi())'
+echo "install-deps.sh: the PyTorch venv took $((SECONDS - start)) s"
