@@ -228,31 +228,29 @@ s_carry_smoke() {
 }
 
 s_configure() {
+  # Both modes build against pip's LibTorch 2.11 (CUDA): on the GPU machine its own python3's, in
+  # the dry run the venv of scripts/install-deps.sh --torch pip (the same wheel).
   local prefix_path=$P extra_flags="-isystem $P/include" torch_inc=""
-  if [[ $mode == gpu ]]; then
-    local torch_cmake
-    torch_cmake=$(pyrun -c 'import torch; print(torch.utils.cmake_prefix_path)') ||
-      fail "python3 cannot import torch"
-    prefix_path="$torch_cmake;$P"
-    torch_inc=$(pyrun -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
-    # nccl.h, which the c10d NCCL headers include, is not in torch/include: pip's nvidia-nccl
-    # package has it, or the CUDA toolkit / the system.
-    local nccl_inc=""
-    nccl_inc=$(pyrun -c 'import glob, os, site
+  local torch_cmake
+  torch_cmake=$(pyrun -c 'import torch; print(torch.utils.cmake_prefix_path)') ||
+    fail "python3 cannot import torch"
+  prefix_path="$torch_cmake;$P"
+  torch_inc=$(pyrun -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+  # nccl.h, which the c10d NCCL headers include, is not in torch/include: pip's nvidia-nccl
+  # package has it, or the CUDA toolkit / the system.
+  local nccl_inc=""
+  nccl_inc=$(pyrun -c 'import glob, os, site
 for sp in site.getsitepackages():
     for h in sorted(glob.glob(os.path.join(sp, "nvidia", "**", "nccl.h"), recursive=True)):
         print(os.path.dirname(h))
         raise SystemExit' 2>/dev/null) || nccl_inc=""
-    if [[ -n $nccl_inc && -f $nccl_inc/nccl.h ]]; then
-      extra_flags+=" -isystem $nccl_inc"
-      note "nccl.h from $nccl_inc"
-    elif [[ -f $cuda_home/include/nccl.h || -f /usr/include/nccl.h || -f /usr/local/include/nccl.h ]]; then
-      note "nccl.h from the CUDA toolkit or the system"
-    else
-      note "no nccl.h found (pip's nvidia-nccl, $cuda_home/include, /usr/include): the NCCL headers will not compile"
-    fi
+  if [[ -n $nccl_inc && -f $nccl_inc/nccl.h ]]; then
+    extra_flags+=" -isystem $nccl_inc"
+    note "nccl.h from $nccl_inc"
+  elif [[ -f $cuda_home/include/nccl.h || -f /usr/include/nccl.h || -f /usr/local/include/nccl.h ]]; then
+    note "nccl.h from the CUDA toolkit or the system"
   else
-    torch_inc=/usr/include  # Debian's LibTorch
+    note "no nccl.h found (pip's nvidia-nccl, $cuda_home/include, /usr/include): the NCCL headers will not compile"
   fi
   if [[ ! -f $torch_inc/gloo/algorithm.h ]]; then
     extra_flags+=" -isystem $P/fallback-include"
@@ -286,8 +284,11 @@ for sp in site.getsitepackages():
   )
   # USE_SYSTEM_NVTX: LibTorch's CMake files up to 2.7 otherwise look for NVTX 3 in PyTorch's own
   # source tree and fall back to libnvToolsExt, which CUDA 12.9+ no longer ships.
-  [[ $mode == gpu ]] && args+=("-DCUDAToolkit_ROOT=$cuda_home" "-DTRAINER_CUDA_HOME=$cuda_home"
-                               -DUSE_SYSTEM_NVTX=ON)
+  # CMAKE_LIBRARY_PATH: LibTorch's own lib dir before the system's, so that a Debian libtorch.so
+  # on the same machine is never linked under the wheel's headers.
+  args+=("-DCUDAToolkit_ROOT=$cuda_home" "-DTRAINER_CUDA_HOME=$cuda_home" -DUSE_SYSTEM_NVTX=ON
+         "-DCMAKE_LIBRARY_PATH=$(dirname "$torch_cmake")/../lib")
+  [[ -n $nccl_inc ]] && args+=("-DTRAINER_NCCL_INCLUDE_DIR=$nccl_inc")
   echo "+ cmake ${args[*]}"
   # A failed configure leaves no build.ninja behind, so that build and the steps after it skip
   # instead of running what an earlier configure generated (another source dir, older code).
@@ -332,7 +333,7 @@ for sp in site.getsitepackages():
   done
   ((bad == 0)) || fail "CMake took some packages from elsewhere than the carry"
   grep -h "trainer: Torch" "$logs/configure.log" | tail -n 1 | sed 's/^-- /NOTE: /'
-  if [[ $mode == gpu ]] && ! grep -q "CUDA support: ON" "$logs/configure.log"; then
+  if ! grep -q "CUDA support: ON" "$logs/configure.log"; then
     fail "CMake found no CUDA support in this LibTorch (TRAINER_WITH_CUDA OFF)"
   fi
 }
@@ -855,14 +856,18 @@ main() {
   else
     work=${GPU_CHECK_WORK:-/tmp/gpu-dry-build}
     out=${OUT:-/tmp/gpu-dry-out}
-    py=/usr/bin/python3
+    py=$(. "$repo/scripts/torch-flavour.sh"; torch_python)  # the pip venv: torch 2.11, as on the GPU
+    if ! env -u LD_LIBRARY_PATH "$py" -c 'import torch' 2>/dev/null; then
+      echo "gpu-check.sh: --dry-run builds against pip's LibTorch as the GPU machine does: run bash scripts/install-deps.sh --torch pip first (no venv at $py)" >&2
+      exit 2
+    fi
     budget=${GPU_CHECK_BUDGET_S:-14400}
     dev=cpu
     unit_jobs=$ncpu
     small_size=32 small_batch=8
     tp_size=32 tp_batch=8 tp_w=160 tp_h=120 tp_unique=8 tp_copies=2 tp_parallel=2
     tp_workers=2 tp_peer_threads=2
-    cuda_home=""
+    cuda_home=${TRAINER_CUDA_HOME:-/usr/local/cuda}
   fi
   if [[ $(uname -m) != x86_64 ]]; then
     echo "gpu-check.sh: the carry is for x86_64 (Debian 12's), this machine is $(uname -m)" >&2
