@@ -32,14 +32,28 @@ deterministic algorithms). loss.item() each step, as on CPU, ends each timed ste
 --workers N sets the DataLoader's worker processes (default 1, as the trainer's benchmark job's
 data.num_workers: 1 on CPU; gpu-check.sh uses one per core).
 
+--compile wraps the model (after DistributedDataParallel, where --ddp) in torch.compile, default
+mode (TorchInductor; on CPU it compiles C++/OpenMP kernels with g++ and needs Python.h, Debian's
+python3.X-dev, for the Python version that runs it). torch.compile exists from torch 2.0 on: with
+an older torch --compile exits 2 with a message. The forward and backward graphs are compiled in
+the first step (and again wherever Dynamo recompiles), so that step is part of the warm-up:
+--compile needs --warmup >= 1 (2 by default). The JSON line then has "compile": true,
+"compile_first_step_s" (the first step's wall time, compilation included) and, where the torch
+has them, Dynamo's counters ("dynamo": unique_graphs, graph_breaks, recompiles); "first_step_s"
+and "warmup_step_times_s" are there with or without --compile, so a compiled and an eager run of
+the same configuration show what compiling cost.
+
 Besides the per-step medians the JSON line has "epochs": each epoch the run completed, with its
 steps, its wall time (from asking the DataLoader for the epoch's first batch to the end of its
 last step; the first epoch includes the warm-up) and images_per_sec over that time, which counts
 the time the DataLoader needs to refill at every epoch start and shows an input pipeline slower
 than the model even where its prefetch queue hides it from the median of the steps.
 
-Run it with /usr/bin/python3 (Debian's python3-torch and python3-torchvision) here, and with
-`python3` (pip's torch and torchvision) on the GPU machines.
+Run it with /usr/bin/python3 (Debian's python3-torch and python3-torchvision: torch 1.13 and
+torchvision 0.14 on Debian 12) and with the venv of scripts/torch-flavour.sh (pip's torch 2.11 and
+torchvision 0.26) here, and with `python3` (pip's torch and torchvision) on the GPU machines. The
+calls it makes are the same in both: resnet50(num_classes=...) without pretrained weights (neither
+the old pretrained= nor the new weights= argument), torch.autocast(device_type, dtype=bfloat16).
 """
 import argparse
 import datetime
@@ -74,6 +88,9 @@ def parse_args():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the GPU, with pinned batches, non_blocking copies, cuDNN benchmark")
     p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (default mode, inductor; torch >= 2.0); the "
+                        "first step, which compiles, must be a warm-up step")
     return p.parse_args()
 
 
@@ -132,6 +149,12 @@ def train(args, rank=0, world_size=1):
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)  # 25 MB buckets, as the trainer
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            print(f"peer_pytorch: --compile needs torch.compile (torch >= 2.0); this is torch "
+                  f"{torch.__version__}", file=sys.stderr)
+            sys.exit(2)
+        model = torch.compile(model)  # compiles lazily, in the first step
 
     records = []
     epochs = []  # complete epochs: steps, wall time, images/s
@@ -200,6 +223,7 @@ def train(args, rank=0, world_size=1):
         dist.destroy_process_group()
 
     measured = records[args.warmup:]
+    warmup_times = [r["step_time_s"] for r in records[:args.warmup]]
     self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out = {k: median_or_none([r[k] for r in measured])
@@ -216,12 +240,31 @@ def train(args, rank=0, world_size=1):
                    "steps_per_epoch": steps_per_epoch},
         "allocator": "jemalloc" if "jemalloc" in os.environ.get("LD_PRELOAD", "") else "glibc",
         "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "compile": args.compile,
+        "first_step_s": records[0]["step_time_s"],
+        "warmup_step_times_s": warmup_times,
     })
+    if args.compile:
+        out["compile_first_step_s"] = records[0]["step_time_s"]
+        out["dynamo"] = dynamo_counters()
     if cuda:
         out["gpu"] = torch.cuda.get_device_name(device)
         out["max_memory_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
         out["cudnn"] = torch.backends.cudnn.version()
     return out
+
+
+def dynamo_counters():
+    """Dynamo's counters of this process (graphs compiled, graph breaks, recompiles), or None
+    where this torch keeps them elsewhere."""
+    try:
+        from torch._dynamo.utils import counters
+        return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+                "graph_breaks": sum(counters["graph_break"].values()),
+                "recompiles": sum(counters["recompiles"].values())}
+    except Exception:  # a private API: its absence must not fail the benchmark
+        return None
 
 
 def launch_ddp(args):
@@ -266,6 +309,8 @@ def main():
         sys.exit(f"peer_pytorch: --steps {args.steps} leaves no step after {args.warmup} warm-up")
     if args.workers < 1:
         sys.exit(f"peer_pytorch: --workers {args.workers}: at least 1")
+    if args.compile and args.warmup < 1:
+        sys.exit("peer_pytorch: --compile compiles in the first step: --warmup must be at least 1")
     if args.ddp > 1 and args.device != "cpu":
         sys.exit("peer_pytorch: --ddp trains on CPUs (over Gloo); leave out --device cuda")
     if args.ddp > 1 and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
