@@ -26,10 +26,10 @@ inline auto Contains(const std::string& s, Catch::CaseSensitive
 #if TRAINER_CATCH_MAJOR == 3
   return Catch::Matchers::ContainsSubstring(s, cs);
 #else
-  return trainer::test::Contains(s, cs);
+  return Catch::Matchers::Contains(s, cs);
 #endif
 }
 
-using trainer::test::StartsWith;
+using Catch::Matchers::StartsWith;
 
 }  // namespace trainer::test
