@@ -17,12 +17,14 @@ using Catch::Approx;
 
 namespace trainer::test {
 
-// A matcher: the string contains `s` (case-sensitive unless told).
-inline auto Contains(const std::string& s, Catch::CaseSensitive
-#if TRAINER_CATCH_MAJOR == 2
-                                               ::Choice
+#if TRAINER_CATCH_MAJOR == 3
+using CaseSensitivity = Catch::CaseSensitive;
+#else
+using CaseSensitivity = Catch::CaseSensitive::Choice;
 #endif
-                                                   cs = Catch::CaseSensitive::Yes) {
+
+// A matcher: the string contains `s` (case-sensitive unless told).
+inline auto Contains(const std::string& s, CaseSensitivity cs = Catch::CaseSensitive::Yes) {
 #if TRAINER_CATCH_MAJOR == 3
   return Catch::Matchers::ContainsSubstring(s, cs);
 #else
