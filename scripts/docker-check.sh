@@ -14,7 +14,8 @@
 # cached in $TRAINER_DOCKER_CACHE (default /var/cache/trainer-docker).
 #
 # Run as root from anywhere:  bash scripts/docker-check.sh
-# Environment: TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
+# Environment: TRAINER_DEBIAN_RELEASE=bookworm|trixie (default: the Dockerfile's
+# DEBIAN_RELEASE) builds on that Debian (--build-arg DEBIAN_RELEASE); TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
 # host-side data/job dirs (printed). Exits non-zero, naming the failed step, on any failure.
 # Time on 2 cores: 20-50 min cold (base image, apt in both stages, the build), ~15-20 min after a
 # source change (cached apt layers), ~2 min with nothing changed. buildah's vfs storage takes
@@ -24,7 +25,13 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 start=$(date +%s)
 image=trainer
-base=debian:bookworm-slim
+default_release=$(sed -n 's/^ARG DEBIAN_RELEASE=//p' Dockerfile | head -n 1)
+release=${TRAINER_DEBIAN_RELEASE:-${default_release:-bookworm}}
+case $release in
+  bookworm|trixie) ;;
+  *) echo "docker-check.sh: TRAINER_DEBIAN_RELEASE: expected bookworm or trixie, got '$release'" >&2; exit 2 ;;
+esac
+base=debian:$release-slim
 cache=${TRAINER_DOCKER_CACHE:-/var/cache/trainer-docker}
 mirror=${TRAINER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 run_user=1000:1000
@@ -61,9 +68,9 @@ have_image() {
   else "${bh[@]}" inspect --type image "$1" >/dev/null 2>&1; fi
 }
 
-# The debian:bookworm-slim base: present, pulled, or built with debootstrap.
+# The debian:<release>-slim base: present, pulled, or built with debootstrap.
 make_base_tar() {
-  local tar=$cache/debian-bookworm-minbase.tar
+  local tar=$cache/debian-$release-minbase.tar
   if [[ -s $tar ]]; then
     echo "using the cached base root file system $tar"
     return
@@ -72,8 +79,8 @@ make_base_tar() {
   mkdir -p "$cache"
   local root
   root=$(mktemp -d "$cache/rootfs.XXXXXX")
-  step "debootstrap --variant=minbase bookworm ($mirror)"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+  step "debootstrap --variant=minbase $release ($mirror)"
+  debootstrap --variant=minbase "$release" "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
     { tail -20 "$cache/debootstrap.log" >&2; rm -rf "$root"; fail "debootstrap (log: $cache/debootstrap.log)"; }
   # What the official slim image does on top of minbase: deb822 sources with updates and
   # security, no apt caches or translations kept, no docs or man pages installed.
@@ -81,13 +88,13 @@ make_base_tar() {
   cat >"$root/etc/apt/sources.list.d/debian.sources" <<EOF
 Types: deb
 URIs: $mirror
-Suites: bookworm bookworm-updates
+Suites: $release $release-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb
 URIs: ${mirror%/debian}/debian-security
-Suites: bookworm-security
+Suites: $release-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
@@ -126,11 +133,11 @@ ensure_base() {
   echo "no registry reachable: building $base with debootstrap"
   make_base_tar
   if [[ $engine == docker ]]; then
-    docker import --change 'CMD ["bash"]' "$cache/debian-bookworm-minbase.tar" "$base" >/dev/null
+    docker import --change 'CMD ["bash"]' "$cache/debian-$release-minbase.tar" "$base" >/dev/null
   else
     local ctr
     ctr=$("${bh[@]}" from scratch)
-    "${bh[@]}" add "$ctr" "$cache/debian-bookworm-minbase.tar" / >/dev/null
+    "${bh[@]}" add "$ctr" "$cache/debian-$release-minbase.tar" / >/dev/null
     "${bh[@]}" config --cmd bash \
       --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
     "${bh[@]}" commit --rm "$ctr" "localhost/$base" >/dev/null
@@ -171,9 +178,10 @@ ensure_base
 
 step "building the image ($engine)"
 if [[ $engine == docker ]]; then
-  docker build -t "$image" . || fail "docker build"
+  docker build --build-arg "DEBIAN_RELEASE=$release" -t "$image" . || fail "docker build"
 else
-  "${bh[@]}" bud --isolation chroot --layers --pull-never -t "localhost/$image" . ||
+  "${bh[@]}" bud --isolation chroot --layers --pull-never --build-arg "DEBIAN_RELEASE=$release" \
+    -t "localhost/$image" . ||
     fail "buildah bud"
 fi
 
