@@ -2,7 +2,7 @@
 // (PyTorch's transfer-learning tutorial data, ImageFolder layout) with a GIF among the JPEGs, a
 // file name with a space, a .jpeg extension and progressive JPEGs. The GIF gets the same answer
 // in listing, training and predict: left out with one warning (torchvision's ImageFolder does
-// not list .gif, and OpenCV 4.6 cannot decode it); named explicitly, it is a data error.
+// not list .gif, whichever OpenCV decodes what); named explicitly, it is a data error.
 // Skips with a message where ../shared/realdata does not exist.
 #include "common/catch.h"
 

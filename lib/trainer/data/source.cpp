@@ -398,7 +398,7 @@ bool is_gif_file(const std::string& path) { return lower_extension(path) == ".gi
 
 const char* const kGifNote =
     "GIF is not read: the trainer lists .jpg .jpeg .png .bmp, as torchvision's ImageFolder "
-    "does, and OpenCV 4.6 cannot decode GIF; convert it to PNG to use it";
+    "does (whatever the OpenCV: 4.10 decodes GIF, 4.6 does not); convert it to PNG to use it";
 
 std::vector<std::string> list_image_files(const std::string& dir, const std::string& origin,
                                           std::vector<std::string>* gifs) {
