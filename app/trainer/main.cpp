@@ -16,8 +16,8 @@
 
 #include "trainer/config/job_spec.h"
 #include "trainer/job/commands.h"
-#include "trainer/loop/runtime.h"
 #include "trainer/launch/supervisor.h"
+#include "trainer/loop/runtime.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"

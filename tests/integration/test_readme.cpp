@@ -15,6 +15,13 @@ TEST_CASE("README holds the two set-up commands and the current field reference"
       readme,
       Contains("bash scripts/install-deps.sh && bash scripts/build.sh && bash scripts/test.sh"));
   CHECK_THAT(slurp(fs::path(TRAINER_SOURCE_DIR) / ".ci" / "run"), Contains("README.md"));
+  // The PyTorch 2.11 flavour's three commands, as .ci/run runs them.
+  for (const char* line :
+       {"bash scripts/install-deps.sh --torch pip", "bash scripts/build.sh --torch pip",
+        "bash scripts/test.sh --torch pip"}) {
+    CHECK_THAT(readme, Contains(line));
+    CHECK_THAT(slurp(fs::path(TRAINER_SOURCE_DIR) / ".ci" / "run"), Contains(line));
+  }
 
   TempDir dir("readme");
   const Result help = run_trainer(dir.path(), "train --help");

@@ -2,8 +2,8 @@
 //  - imagefolder: class = sub-directory name, classes sorted; files with an image extension
 //    (.jpg .jpeg .png .bmp, any case) anywhere under the class directory, sorted by path within
 //    each class; hidden entries (".name") are skipped; GIFs are left out with one warning (as
-//    torchvision's ImageFolder leaves them out, whether or not the OpenCV decodes GIF). A class folder
-//    without images is a warning (the class keeps its index); no images at all is an error.
+//    torchvision's ImageFolder leaves them out, whether or not the OpenCV decodes GIF). A class
+//    folder without images is a warning (the class keeps its index); no images at all is an error.
 //  - csv: the manifest's rows in order (RFC 4180: quoted fields, "" escapes, CRLF, BOM; blank
 //    lines skipped); header row names the columns. If every label is an integer the labels are
 //    class indices (names: class_names, else "0".."K-1" with K = max + 1), otherwise class names

@@ -212,7 +212,8 @@ void configure_kernels(const torch::Device& device, bool deterministic) {
 
 namespace {
 
-// "13.0" for CUDA's 13000, "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000 before).
+// "13.0" for CUDA's 13000, "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000
+// before).
 std::string cuda_version_text(long v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
 std::string cudnn_version_text(long v) {
   if (v >= 90000) return fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100);

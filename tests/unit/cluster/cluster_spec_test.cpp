@@ -18,8 +18,6 @@
 #include "trainer/cluster/environment.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
-using trainer::test::StartsWith;
 using trainer::ConfigError;
 using trainer::cluster::cluster_from_env;
 using trainer::cluster::ClusterSpec;
@@ -27,6 +25,8 @@ using trainer::cluster::host_of;
 using trainer::cluster::parse_tf_config;
 using trainer::cluster::port_of;
 using trainer::cluster::to_json;
+using trainer::test::Contains;
+using trainer::test::StartsWith;
 
 namespace {
 

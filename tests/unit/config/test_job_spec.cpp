@@ -14,11 +14,11 @@
 #include "trainer/config/job_spec.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::config::flatten;
 using trainer::config::JobSpec;
 using trainer::config::parse_job_spec;
+using trainer::test::Contains;
 
 namespace {
 

@@ -18,10 +18,10 @@
 
 using namespace trainer;
 using namespace trainer::data;
-using trainer::test::Contains;
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_text;
+using trainer::test::Contains;
 
 namespace {
 

@@ -18,7 +18,6 @@
 #include "trainer/util/error.h"
 #include "trainer/util/signals.h"
 
-using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::DistributedError;
 using trainer::Interrupted;
@@ -30,6 +29,7 @@ using trainer::dist::testing::loopback_options;
 using trainer::dist::testing::run_ranks;
 using trainer::dist::testing::seconds_since;
 using trainer::dist::testing::what_of;
+using trainer::test::Contains;
 
 namespace {
 

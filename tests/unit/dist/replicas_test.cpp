@@ -10,7 +10,6 @@
 #include "trainer/dist/replicas.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
 using trainer::DistributedError;
 using trainer::dist::broadcast_parameters;
 using trainer::dist::check_replicas_agree;
@@ -18,6 +17,7 @@ using trainer::dist::checksum;
 using trainer::dist::ProcessGroup;
 using trainer::dist::testing::run_ranks;
 using trainer::dist::testing::seconds_since;
+using trainer::test::Contains;
 
 TEST_CASE("checksum is bitwise, covers shapes and ignores memory layout", "[dist][replicas]") {
   auto a = torch::arange(2 * 3 * 4 * 5, torch::kFloat).view({2, 3, 4, 5}) / 7;

@@ -13,12 +13,12 @@
 #include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
 using trainer::UsageError;
 using trainer::cluster::parse_tf_config;
 using trainer::launch::LaunchOptions;
 using trainer::launch::plan_launch;
 using trainer::launch::run_launch;
+using trainer::test::Contains;
 
 TEST_CASE("plan_launch: chief at the base port, then the workers, one TF_CONFIG per task") {
   LaunchOptions o;

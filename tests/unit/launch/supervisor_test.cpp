@@ -31,12 +31,12 @@
 #include "trainer/launch/supervisor.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
 using trainer::cluster::parse_tf_config;
 using trainer::cluster::port_of;
 using trainer::launch::LaunchOptions;
 using trainer::launch::pick_free_ports;
 using trainer::launch::run_launch;
+using trainer::test::Contains;
 
 namespace {
 

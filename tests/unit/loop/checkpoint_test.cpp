@@ -3,6 +3,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include "common/catch.h"
 
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -65,7 +66,7 @@ void require_latest_step(const fs::path& dir, int64_t step) {
 }
 
 std::string tensor_impl_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+  return std::to_string(reinterpret_cast<std::uintptr_t>(p.unsafeGetTensorImpl()));
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 #include "trainer/loop/runtime.h"
 #include "trainer/util/error.h"
 
-using trainer::test::Contains;
 using trainer::ConfigError;
 using trainer::cluster::LocalRank;
+using trainer::test::Contains;
 using trainer::train::choose_device;
 using trainer::train::DeviceChoice;
 

@@ -65,7 +65,7 @@ TEST_CASE("train.precision on GPUs: auto picks bf16 on sm80+, fp16 on sm70/75, f
   // What no kernel computes is refused with the reason and the way out.
   CHECK_THROWS_WITH(effective_precision("bf16", 7, true),
                     trainer::test::Contains("train.precision: bf16 needs a GPU of compute "
-                                              "capability 8.0") &&
+                                            "capability 8.0") &&
                         trainer::test::Contains("this one is 7.x") &&
                         trainer::test::Contains("use fp16"));
   CHECK_THROWS_AS(effective_precision("bf16", 7, true), trainer::ConfigError);
@@ -91,7 +91,7 @@ TEST_CASE("TRAINER_CUDA_SYNC_DEBUG: only warn or error", "[runtime]") {
   ::setenv("TRAINER_CUDA_SYNC_DEBUG", "loud", 1);
   CHECK_THROWS_WITH(trainer::train::StepSyncCheck(torch::kCPU),
                     trainer::test::Contains("TRAINER_CUDA_SYNC_DEBUG: expected warn or error, "
-                                              "got 'loud'"));
+                                            "got 'loud'"));
   ::setenv("TRAINER_CUDA_SYNC_DEBUG", "error", 1);
   trainer::train::StepSyncCheck on_cpu(torch::kCPU);  // the CPU has nothing to check
   on_cpu.begin_step();

@@ -13,7 +13,6 @@
 #include "trainer/model/safetensors.h"
 
 using namespace trainer::model;
-using trainer::test::Contains;
 using trainer::model::testing::data_error_of;
 using trainer::model::testing::find;
 using trainer::model::testing::quoted;
@@ -21,6 +20,7 @@ using trainer::model::testing::require_torchvision;
 using trainer::model::testing::Run;
 using trainer::model::testing::run_command;
 using trainer::model::testing::TempDir;
+using trainer::test::Contains;
 
 namespace {
 

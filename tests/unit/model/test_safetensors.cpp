@@ -11,11 +11,11 @@
 #include "trainer/util/error.h"
 
 using namespace trainer::model;
-using trainer::test::Contains;
 using trainer::model::testing::calibrate_batchnorm;
 using trainer::model::testing::data_error_of;
 using trainer::model::testing::seeded_input;
 using trainer::model::testing::TempDir;
+using trainer::test::Contains;
 
 namespace {
 
