@@ -2,6 +2,8 @@
 // code produced by a real bad input (2 usage/config/cluster, 3 data, 143 SIGTERM).
 #include "common/catch.h"
 
+#include <torch/version.h>
+
 #include <csignal>
 #include <thread>
 
@@ -28,7 +30,17 @@ TEST_CASE("every subcommand has --help", "[cli]") {
   CHECK_THAT(train_help.out, Contains("train.optimizer.learning_rate"));  // the field reference
   const Result version = run_trainer(dir.path(), "--version");
   CHECK(version.code == 0);
-  CHECK_THAT(version.out, Contains("trainer "));
+  CHECK_THAT(version.out, Contains("trainer " TRAINER_VERSION "\n"));
+  // The LibTorch it was built with, and the CUDA stack: named in a CUDA build (which starts and
+  // says so on a machine without a GPU or driver), "none" in a CPU one.
+  CHECK_THAT(version.out, Contains("LibTorch " TORCH_VERSION "\n"));
+#ifdef TRAINER_WITH_CUDA
+  CHECK_THAT(version.out, Contains("CUDA ") && Contains(" (built with)") && Contains("cuDNN ") &&
+                              Contains("NCCL 2.") && Contains("GPU"));
+  CHECK_THAT(version.out, !Contains("CUDA none"));
+#else
+  CHECK_THAT(version.out, Contains("CUDA none") && Contains("NCCL none"));
+#endif
 }
 
 TEST_CASE("usage errors exit 2", "[cli]") {
