@@ -7,6 +7,11 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #define TRAINER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||          \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -80,5 +85,20 @@ class AutocastGuard {
   bool prev_enabled_ = false;
   c10::ScalarType prev_dtype_ = c10::ScalarType::BFloat16;
 };
+
+// The key of a parameter in torch::optim::Optimizer::state(): its TensorImpl's address, as a
+// string up to LibTorch 2.x (what c10::guts::to_string, gone in 2.11, printed) and as the address
+// itself (void*) in 2.11. Chosen by the map's own key type, so no version number is guessed.
+template <typename Key = typename std::decay_t<
+              decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>
+Key optimizer_state_key(const torch::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
 
 }  // namespace trainer::compat

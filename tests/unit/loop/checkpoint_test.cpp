@@ -3,7 +3,6 @@
 #include <caffe2/serialize/inline_container.h>
 #include "common/catch.h"
 
-#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,6 +14,7 @@
 #include "trainer/loop/optimizer.h"
 #include "trainer/model/resnet.h"
 #include "trainer/util/error.h"
+#include "trainer/util/torch_compat.h"
 
 using namespace trainer::train;
 using namespace trainer::train::testing;
@@ -65,9 +65,7 @@ void require_latest_step(const fs::path& dir, int64_t step) {
   CHECK(latest->position.global_step == step);
 }
 
-std::string tensor_impl_key(const torch::Tensor& p) {
-  return std::to_string(reinterpret_cast<std::uintptr_t>(p.unsafeGetTensorImpl()));
-}
+auto tensor_impl_key(const torch::Tensor& p) { return trainer::compat::optimizer_state_key(p); }
 
 }  // namespace
 
