@@ -831,7 +831,7 @@ c10d::ReduceOp to_c10d(Reduce op) {
 
 int64_t open_files_needed(const DistOptions& o) {
   constexpr int64_t kBase = 256;          // libraries, logs, data files, decode threads
-  constexpr int64_t kPerStoreClient = 4;  // LibTorch 1.13: two sockets and a pipe
+  constexpr int64_t kPerStoreClient = 4;  // 1.13: two sockets and a pipe (2.x's libuv: fewer)
   const int64_t n = std::max(1, o.world_size);
   int64_t need = kBase + 2 * kPerStoreClient;
   if (o.mesh) need += (n - 1) + 1;  // Gloo: a socket per peer, and its listener

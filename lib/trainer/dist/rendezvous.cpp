@@ -83,15 +83,17 @@ bool port_open(const std::string& host, int port, milliseconds timeout, std::str
   return open;
 }
 
-// The rendezvous store's server (c10d's TCPStore daemon, LibTorch 1.13) reads a request with
-// blocking recv() calls once poll() says a connection is readable, so a stranger that sends
-// the start of a request and stops (a half-open connection, a slow scanner) stalls the whole
-// store, and with it every rank, for ever. Sockets accepted by a listening socket inherit its
-// SO_RCVTIMEO / SO_SNDTIMEO (Linux copies them into each accepted socket), so bounding the
-// listener's makes such a read fail after kStrangerTimeout; the daemon then closes that
-// connection and goes on. Real clients send each request in one piece and read each reply at
-// once, so they never meet the bound. The listener is found among this process's descriptors
-// (TCPStore does not expose it) as the listening TCP socket on `port`. False when not found.
+// The rendezvous store's server in LibTorch 1.13 (c10d's TCPStore daemon) reads a request with
+// blocking recv() calls once poll() says a connection is readable, so a stranger that sends the
+// start of a request and stops (a half-open connection, a slow scanner) stalls the whole store,
+// and with it every rank, for ever. (From 2.4 on the server runs on libuv by default, which never
+// blocks on one connection; the bound below is harmless there, and test_strangers covers both.)
+// Sockets accepted by a listening socket inherit its SO_RCVTIMEO / SO_SNDTIMEO (Linux copies them
+// into each accepted socket), so bounding the listener's makes such a read fail after
+// kStrangerTimeout; the daemon then closes that connection and goes on. Real clients send each
+// request in one piece and read each reply at once, so they never meet the bound. The listener is
+// found among this process's descriptors (TCPStore does not expose it) as the listening TCP
+// socket on `port`. False when not found.
 constexpr std::chrono::seconds kStrangerTimeout{2};
 
 bool bound_store_listener(int port) {
