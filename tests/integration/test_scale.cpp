@@ -36,6 +36,9 @@ TEST_CASE("control plane at 64 ranks: store traffic, heartbeats and a death grow
   // Liveness costs under 2 requests per rank and second; N^2 would be 4,096 per second.
   CHECK(r["store_ops_per_s"].get<double>() <= 4 * 64);
   CHECK(r["heartbeat_median_ms"].get<double>() < 500);
+  // Meeting takes ~1 s on LibTorch 1.13 here and ~20 s on 2.11, whose store listens with backlog
+  // -1: this machine's network stack (gVisor) then drops SYNs of a burst, and the kernel sends
+  // them again after 1, 3, 7 s (dist/rendezvous.cpp, first_control_client).
   CHECK(r["meet_s"].get<double>() < 60);
   // The killed rank is named by every other within the 3 s silence and a few seconds more.
   CHECK(r["named"] == 63);

@@ -301,12 +301,29 @@ c10::intrusive_ptr<c10d::Store> ProcessGroup::Impl::control_client() const {
   return c10::make_intrusive<c10d::TCPStore>(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
 }
 
+// The first control connections open while every other rank opens its own: a burst of
+// connects at the chief's listener. LibTorch 2.x listens with backlog -1, which some network
+// stacks (gVisor's) take as the smallest accept queue; a SYN dropped there is sent again by the
+// kernel only after 1, 3 and 7 s, past kControlTimeout. So each first connection gets up to 4
+// attempts (a chief lost in just that moment is named after 4 x kControlTimeout instead of 1);
+// reconnecting later (ctl()) keeps its single attempt, so liveness stays as quick as it was.
+c10::intrusive_ptr<c10d::Store> ProcessGroup::Impl::first_control_client() const {
+  constexpr int kAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return control_client();
+    } catch (const std::exception&) {
+      if (attempt == kAttempts) throw;
+    }
+  }
+}
+
 void ProcessGroup::Impl::open_control() {
   try {
-    control = control_client();
+    control = first_control_client();
     if (opts.rank == 0) {
       const int clients = detail::watch_clients(opts.world_size);
-      for (int k = 1; k < clients; ++k) watchers.push_back(control_client());
+      for (int k = 1; k < clients; ++k) watchers.push_back(first_control_client());
     }
   } catch (const std::exception& e) {
     throw DistributedError("rendezvous: rank " + std::to_string(opts.rank) +
