@@ -210,6 +210,7 @@ void configure_kernels(const torch::Device& device, bool deterministic) {
   }
 }
 
+#ifdef TRAINER_WITH_CUDA
 namespace {
 
 // "13.0" for CUDA's 13000, "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000
@@ -221,6 +222,7 @@ std::string cudnn_version_text(long v) {
 }
 
 }  // namespace
+#endif
 
 std::string version_report(const std::string& trainer_version) {
   std::string out = "trainer " + trainer_version + "\n";
