@@ -22,6 +22,7 @@
 #endif
 
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "trainer/util/torch_compat.h"
@@ -36,6 +37,25 @@ using Backend = c10d::Backend;
 #else
 using Backend = c10d::ProcessGroup;
 #endif
+
+// A TCPStore, server or client. From LibTorch 2.4 on TCPStoreOptions asks for the libuv server
+// by default, and a LibTorch built without libuv (Debian 13's 2.6) refuses that in the
+// constructor ("use_libuv was requested but PyTorch was build without libuv support"); there the
+// classic server serves, as in 1.13. Pip's wheels have libuv.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host,
+                                                          c10d::TCPStoreOptions opts) {
+#if TRAINER_TORCH_AT_LEAST(2, 4)
+  if (opts.useLibUV) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, opts);
+    } catch (const c10::Error& e) {
+      if (std::string(e.what()).find("without libuv") == std::string::npos) throw;
+      opts.useLibUV = false;
+    }
+  }
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
 
 // c10d::Work is the handle type of both 1.13 and 2.x (1.12 and older: ProcessGroup::Work, not
 // supported).

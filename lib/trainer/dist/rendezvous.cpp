@@ -174,7 +174,7 @@ void ProcessGroup::Impl::rendezvous() {
     try {
       // The store listens on every interface; the chief itself talks to it over loopback, so a
       // TF_CONFIG name that does not route back to this machine does not matter here.
-      store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+      store = compat::make_tcp_store("127.0.0.1", so);
       if (!bound_store_listener(opts.chief_port)) {
         spdlog::warn(
             "rendezvous: could not bound the store's reads on port {}: a connection "
@@ -249,7 +249,7 @@ void ProcessGroup::Impl::rendezvous() {
                     last_error)) {
         so.timeout = std::min(remaining, kConnectAttempt);
         try {
-          store = c10::make_intrusive<c10d::TCPStore>(opts.chief_host, so);
+          store = compat::make_tcp_store(opts.chief_host, so);
           break;
         } catch (const std::exception& e) {
           last_error = plain_message(e);
@@ -298,7 +298,7 @@ c10::intrusive_ptr<c10d::Store> ProcessGroup::Impl::control_client() const {
   co.isServer = false;
   co.waitWorkers = false;
   co.timeout = detail::kControlTimeout;
-  return c10::make_intrusive<c10d::TCPStore>(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
+  return compat::make_tcp_store(opts.rank == 0 ? "127.0.0.1" : opts.chief_host, co);
 }
 
 // The first control connections open while every other rank opens its own: a burst of
