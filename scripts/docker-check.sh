@@ -9,8 +9,8 @@
 #
 # Engine: `docker` where a daemon answers (`docker info`); otherwise Debian's daemonless buildah
 # (`buildah bud --isolation chroot --storage-driver vfs`, then `buildah run`). The base image
-# debian:bookworm-slim is pulled where a registry is reachable; otherwise it is built locally
-# with `debootstrap --variant=minbase bookworm` (then trimmed as the official slim image is) and
+# debian:<release>-slim is pulled where a registry is reachable; otherwise it is built locally
+# with `debootstrap --variant=minbase <release>` (then trimmed as the official slim image is) and
 # cached in $TRAINER_DOCKER_CACHE (default /var/cache/trainer-docker).
 #
 # Run as root from anywhere:  bash scripts/docker-check.sh
