@@ -43,7 +43,7 @@ using Backend = c10d::ProcessGroup;
 // constructor ("use_libuv was requested but PyTorch was build without libuv support"); there the
 // classic server serves, as in 1.13. Pip's wheels have libuv.
 inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host,
-                                                          c10d::TCPStoreOptions opts) {
+                                                         c10d::TCPStoreOptions opts) {
 #if TRAINER_TORCH_AT_LEAST(2, 4)
   if (opts.useLibUV) {
     try {

@@ -168,7 +168,7 @@ struct ProcessGroup::Impl {
   void rendezvous();
   void announce(const std::string& chief);
   void open_control();  // `control` and the chief's watchers; DistributedError when it cannot
-  c10::intrusive_ptr<c10d::Store> control_client() const;  // one more connection to the store
+  c10::intrusive_ptr<c10d::Store> control_client() const;        // one more connection to the store
   c10::intrusive_ptr<c10d::Store> first_control_client() const;  // ... with a few attempts
   void make_backends();
 };
