@@ -79,12 +79,55 @@ void visit(ModelSpec& s, V& v) {
 }
 
 template <class V>
+void visit(ColorJitterSpec& s, V& v) {
+  v("brightness", s.brightness,
+    Field("factor in [max(0, 1-b), 1+b]; 0 = off").at_least(0).at_most(10));
+  v("contrast", s.contrast, Field("factor in [max(0, 1-c), 1+c]; 0 = off").at_least(0).at_most(10));
+  v("saturation", s.saturation,
+    Field("factor in [max(0, 1-s), 1+s]; 0 = off").at_least(0).at_most(10));
+  v("hue", s.hue, Field("hue shift in [-h, h]; 0 = off").at_least(0).at_most(0.5));
+}
+
+template <class V>
 void visit(AugmentSpec& s, V& v) {
   v("horizontal_flip", s.horizontal_flip, Field("flip left-right with probability 0.5"));
   v("random_resized_crop", s.random_resized_crop,
     Field("torchvision RandomResizedCrop(image_size)"));
   v("crop_scale_min", s.crop_scale_min,
     Field("smallest crop area fraction (torchvision: 0.08)").above(0).at_most(1));
+  v("vertical_flip", s.vertical_flip, Field("flip top-bottom with probability 0.5"));
+  v("rotate90", s.rotate90, Field("rotate by a random multiple of 90 degrees"));
+  v("rotate_degrees", s.rotate_degrees,
+    Field("RandomRotation(-d, d), nearest, black corners; 0 = off").at_least(0).at_most(180));
+  v.section("color_jitter", s.color_jitter, "torchvision ColorJitter");
+  v("policy", s.policy,
+    Field("automatic augmentation policy (torchvision's, ImageNet policy for auto_augment)")
+        .one_of({"none", "trivial_augment_wide", "rand_augment", "auto_augment", "augmix"}));
+  v("magnitude", s.magnitude,
+    Field("rand_augment magnitude (0..30) or augmix severity (1..10); auto = 9 / 3")
+        .at_least(0)
+        .at_most(30)
+        .zero_means("auto"));
+  v.check("magnitude", [&s] {
+    if (s.magnitude == 0 || s.policy == "rand_augment") return std::string();
+    if (s.policy == "augmix") {
+      return std::string(s.magnitude <= 10 ? "" : "augmix severity: expected 1..10 (or auto)");
+    }
+    return "only rand_augment and augmix have a magnitude, got policy " + in_quotes(s.policy);
+  });
+  v("num_ops", s.num_ops,
+    Field("rand_augment: operations per image; auto = 2")
+        .at_least(0)
+        .at_most(14)
+        .zero_means("auto"));
+  v.check("num_ops", [&s] {
+    if (s.num_ops == 0 || s.policy == "rand_augment") return std::string();
+    return "only rand_augment has num_ops, got policy " + in_quotes(s.policy);
+  });
+  v("random_erasing", s.random_erasing,
+    Field("RandomErasing probability (scale 0.02..0.33, ratio 0.3..3.3); 0 = off")
+        .at_least(0)
+        .at_most(1));
 }
 
 template <class V>
@@ -124,6 +167,38 @@ void visit(DataSpec& s, V& v) {
     Field("memory = keep decoded, resized images after first use").one_of({"none", "memory"}));
   v("reduced_decode", s.reduced_decode,
     Field("JPEG: decode at 1/2, 1/4, 1/8 scale when that still covers image_size"));
+  v("interpolation", s.interpolation,
+    Field("resampling of crops and resizes").one_of({"bilinear", "bicubic"}));
+  v("eval_resize", s.eval_resize,
+    Field("square = whole image to eval_crop_size (tutorial); shorter_side = resize + centre crop")
+        .one_of({"square", "shorter_side"}));
+  v("eval_resize_size", s.eval_resize_size,
+    Field("shorter_side: shorter side before the crop; auto = eval_crop_size / 0.875")
+        .at_least(0)
+        .at_most(kMaxImageSize)
+        .zero_means("auto"));
+  v.check("eval_resize_size", [&s] {
+    const int crop = s.eval_crop_size > 0 ? s.eval_crop_size : s.image_size;
+    if (s.eval_resize_size == 0) return std::string();
+    if (s.eval_resize != "shorter_side") {
+      return std::string("only used with data.eval_resize: shorter_side; leave it auto");
+    }
+    if (s.eval_resize_size >= crop) return std::string();
+    return "expected at least the evaluation crop (" + std::to_string(crop) + "), got " +
+           in_quotes(std::to_string(s.eval_resize_size));
+  });
+  v("eval_crop_size", s.eval_crop_size,
+    Field("evaluation input side; auto = image_size")
+        .at_least(0)
+        .at_most(kMaxImageSize)
+        .zero_means("auto"));
+  v.check("eval_crop_size", [&s] {
+    if (s.eval_crop_size == 0 || s.eval_crop_size >= 16) return std::string();
+    return "expected at least 16 (or auto), got " + in_quotes(std::to_string(s.eval_crop_size));
+  });
+  v("sampler", s.sampler,
+    Field("balanced = draw each class equally often (with replacement), the same on every rank")
+        .one_of({"uniform", "balanced"}));
 }
 
 template <class V>
@@ -138,17 +213,50 @@ void visit(OptimizerSpec& s, V& v) {
     return "true requires name sgd with momentum > 0, got name " + in_quotes(s.name) +
            " and momentum " + format_double(s.momentum);
   });
+  v("norm_weight_decay", s.norm_weight_decay,
+    Field("weight decay of normalization layers (\"\" = weight_decay)"));
+  v.check("norm_weight_decay", [&s] { return weight_decay_problem(s.norm_weight_decay); });
+  v("bias_weight_decay", s.bias_weight_decay,
+    Field("weight decay of the other biases (\"\" = weight_decay)"));
+  v.check("bias_weight_decay", [&s] { return weight_decay_problem(s.bias_weight_decay); });
 }
 
 template <class V>
 void visit(LrScheduleSpec& s, V& v) {
-  v("name", s.name, Field("schedule after the warm-up").one_of({"constant", "cosine", "step"}));
+  v("name", s.name,
+    Field("schedule after the warm-up; plateau = ReduceLROnPlateau on the validation metric")
+        .one_of({"constant", "cosine", "step", "plateau"}));
   v("warmup_epochs", s.warmup_epochs,
     Field("linear warm-up from 0 over this many epochs").at_least(0));
   v("step_epochs", s.step_epochs,
     Field("step: multiply by gamma every this many epochs").at_least(1));
   v("gamma", s.gamma, Field("step: decay factor").above(0).at_most(1));
-  v("min_lr", s.min_lr, Field("cosine: final learning rate").at_least(0));
+  v("min_lr", s.min_lr, Field("cosine: final learning rate; plateau: the floor").at_least(0));
+  v("factor", s.factor,
+    Field("plateau: multiply the rate by this when it stalls").above(0).below(1));
+  v("patience", s.patience,
+    Field("plateau: epochs without improvement before reducing").at_least(0).at_most(100000));
+  v("metric", s.metric,
+    Field("plateau: val_loss (lower is better) or val_accuracy")
+        .one_of({"val_loss", "val_accuracy"}));
+}
+
+template <class V>
+void visit(EmaSpec& s, V& v) {
+  v("decay", s.decay,
+    Field("EMA of the weights (torchvision: 0.99998, adjusted for batch and steps); 0 = off")
+        .at_least(0)
+        .below(1));
+  v("every_steps", s.every_steps,
+    Field("update the average every N optimizer steps").at_least(1).at_most(1000000));
+}
+
+template <class V>
+void visit(EarlyStoppingSpec& s, V& v) {
+  v("patience", s.patience,
+    Field("stop after N epochs without improvement; 0 = off").at_least(0).at_most(100000));
+  v("metric", s.metric, Field("what must improve").one_of({"val_accuracy", "val_loss"}));
+  v("min_delta", s.min_delta, Field("smallest change that counts as improvement").at_least(0));
 }
 
 template <class V>
@@ -201,6 +309,26 @@ void visit(TrainSpec& s, V& v) {
     Field("stop after this many steps (smoke runs); 0 = no limit").at_least(0));
   v("scale_lr", s.scale_lr,
     Field("linear = learning rate x number of replicas").one_of({"off", "linear"}));
+  v("mixup_alpha", s.mixup_alpha,
+    Field("mixup: lambda ~ Beta(a, a) per batch; 0 = off").at_least(0).at_most(100));
+  v("cutmix_alpha", s.cutmix_alpha,
+    Field("CutMix: lambda ~ Beta(a, a) per batch; 0 = off (both set: one of them per batch)")
+        .at_least(0)
+        .at_most(100));
+  v.section("ema", s.ema, "exponential moving average of the weights");
+  v("clip_grad_norm", s.clip_grad_norm,
+    Field("max L2 norm of the averaged gradient; 0 = off").at_least(0));
+  v("class_weights", s.class_weights,
+    Field("loss weight per class: none, balanced (n / (classes x count)) or [w0, w1, ...]")
+        .scalar_or_list());
+  v.check("class_weights", [&s] { return class_weights_problem(s.class_weights); });
+  v("loss", s.loss, Field("training loss").one_of({"cross_entropy", "focal", "bi_tempered"}));
+  v("focal_gamma", s.focal_gamma, Field("focal: the focusing exponent").at_least(0).at_most(10));
+  v("bi_tempered_t1", s.bi_tempered_t1,
+    Field("bi_tempered: log temperature (1 = log loss)").above(0).at_most(1));
+  v("bi_tempered_t2", s.bi_tempered_t2,
+    Field("bi_tempered: exp temperature (1 = softmax)").at_least(1).below(5));
+  v.section("early_stopping", s.early_stopping, "stop when validation stops improving");
 }
 
 template <class V>
@@ -212,6 +340,9 @@ void visit(CheckpointSpec& s, V& v) {
         .at_least(0)
         .zero_means("off"));
   v("keep", s.keep, Field("newest checkpoints kept").at_least(1));
+  v("keep_best", s.keep_best,
+    Field("also keep the best epoch's model in JOB_DIR/model_best")
+        .one_of({"off", "val_accuracy", "val_loss"}));
 }
 
 template <class V>
@@ -252,6 +383,9 @@ void visit(ExportSpec& s, V& v) {
   v("onnx_preprocessing", s.onnx_preprocessing,
     Field("model.onnx takes uint8 NHWC RGB and normalises inside the graph"));
   v("onnx_opset", s.onnx_opset, Field("ONNX opset of model.onnx").at_least(13).at_most(17));
+  v("weights", s.weights,
+    Field("ema = the EMA weights when train.ema.decay > 0; raw = the trained weights")
+        .one_of({"ema", "raw"}));
 }
 
 template <class V>
@@ -263,6 +397,21 @@ void visit(JobSpec& s, V& v) {
   v.section("distributed", s.distributed, "multi-worker training (TF_CONFIG)");
   v.section("logging", s.logging, "log lines, metrics and TensorBoard summaries");
   v.section("export", s.export_, "what the chief writes to JOB_DIR/model besides safetensors");
+  // What needs a validation set to decide.
+  const bool validates = !s.data.validation.path.empty();
+  v.check("checkpoint.keep_best", [&s, validates] {
+    if (s.checkpoint.keep_best == "off" || validates) return std::string();
+    return "needs validation data (data.validation.path), got " + in_quotes(s.checkpoint.keep_best);
+  });
+  v.check("train.early_stopping.patience", [&s, validates] {
+    if (s.train.early_stopping.patience == 0 || validates) return std::string();
+    return "needs validation data (data.validation.path), got " +
+           in_quotes(std::to_string(s.train.early_stopping.patience));
+  });
+  v.check("train.lr_schedule.name", [&s, validates] {
+    if (s.train.lr_schedule.name != "plateau" || validates) return std::string();
+    return std::string("plateau needs validation data (data.validation.path)");
+  });
 }
 
 // The names of S's fields and sections, in order (for unknown-key messages).

@@ -213,7 +213,8 @@ std::vector<std::string> resumable_changes(const JobSpec& spec) {
       "train.epochs",          "train.max_steps",       "logging.",
       "checkpoint.",           "train.threads",         "data.num_workers",
       "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
-      "distributed.interface", "distributed.cluster",   "export."};
+      "distributed.interface", "distributed.cluster",   "export.",
+      "train.early_stopping."};
   if (!spec.data.augment.random_resized_crop) fields.push_back("data.cache");
   return fields;
 }
@@ -223,18 +224,48 @@ std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ign
   // Fields added after job dirs were first written, left out at their default value: the
   // checkpoints of a job dir written before them carry a fingerprint without them, and must
   // still resume.
-  static const std::vector<std::pair<std::string, std::string>> kLaterFields = {
-      {"train.deterministic", "auto"},
-      {"export.onnx", "false"},
-      {"export.onnx_preprocessing", "false"},
-      {"export.onnx_opset", "13"}};
+  static const std::vector<std::string> kLaterFields = {
+      "train.deterministic",
+      "export.onnx",
+      "export.onnx_preprocessing",
+      "export.onnx_opset",
+      "export.weights",
+      // The training recipes (issue 32).
+      "data.augment.vertical_flip",
+      "data.augment.rotate90",
+      "data.augment.rotate_degrees",
+      "data.augment.color_jitter.",
+      "data.augment.policy",
+      "data.augment.magnitude",
+      "data.augment.num_ops",
+      "data.augment.random_erasing",
+      "data.interpolation",
+      "data.eval_resize",
+      "data.eval_crop_size",
+      "data.sampler",
+      "train.optimizer.norm_weight_decay",
+      "train.optimizer.bias_weight_decay",
+      "train.lr_schedule.factor",
+      "train.lr_schedule.patience",
+      "train.lr_schedule.metric",
+      "train.mixup_alpha",
+      "train.cutmix_alpha",
+      "train.ema.",
+      "train.clip_grad_norm",
+      "train.class_weights",
+      "train.loss",
+      "train.focal_gamma",
+      "train.bi_tempered_",
+      "train.early_stopping.",
+      "checkpoint.keep_best"};
+  static const JobSpec kDefaultSpec;
+  static const std::vector<std::pair<std::string, std::string>> kDefaults = flatten(kDefaultSpec);
+  const auto fields = flatten(spec);
   util::Fnv1a128 hash;
-  for (const auto& [path, value] : flatten(spec)) {
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const auto& [path, value] = fields[i];
     if (is_ignored(path, ignored_prefixes)) continue;
-    if (std::find(kLaterFields.begin(), kLaterFields.end(), std::make_pair(path, value)) !=
-        kLaterFields.end()) {
-      continue;
-    }
+    if (is_ignored(path, kLaterFields) && value == kDefaults[i].second) continue;
     hash.add(path).add_byte(0);
     hash.add(value).add_byte(0);
   }
@@ -256,7 +287,8 @@ int cuda_device_index(const std::string& device) {
 }
 
 std::string field_reference() {
-  const std::vector<detail::YamlRow> rows = detail::yaml_rows(JobSpec{});
+  const JobSpec defaults;
+  const std::vector<detail::YamlRow> rows = detail::yaml_rows(defaults);
   size_t column = 0;
   for (const auto& r : rows) {
     const size_t width = 2 + r.path.size() + 3 + r.value.size() + 2;

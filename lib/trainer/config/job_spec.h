@@ -39,10 +39,27 @@ struct ModelSpec {
   bool sync_batchnorm = false;    // BN statistics in training over the global batch (SyncBN)
 };
 
+struct ColorJitterSpec {  // torchvision ColorJitter; 0 = that part off
+  double brightness = 0;  // factor in [max(0, 1 - b), 1 + b]
+  double contrast = 0;    // factor in [max(0, 1 - c), 1 + c]
+  double saturation = 0;  // factor in [max(0, 1 - s), 1 + s]
+  double hue = 0;         // shift in [-h, h], h <= 0.5
+};
+
 struct AugmentSpec {
   bool horizontal_flip = false;      // flip left-right with probability 0.5
   bool random_resized_crop = false;  // torchvision RandomResizedCrop(image_size)
   double crop_scale_min = 0.08;      // smallest crop area fraction (torchvision: 0.08)
+  bool vertical_flip = false;        // flip top-bottom with probability 0.5 (leaves have no up)
+  bool rotate90 = false;             // rotate by a random multiple of 90 degrees
+  double rotate_degrees = 0;         // RandomRotation(-d, +d), nearest; 0 = off
+  ColorJitterSpec color_jitter;
+  std::string policy =
+      "none";                 // none | trivial_augment_wide | rand_augment | auto_augment | augmix
+  int magnitude = 0;          // rand_augment magnitude (0..30) / augmix severity (1..10);
+                              // 0 (written `auto`) = torchvision's default (9 / 3)
+  int num_ops = 0;            // rand_augment ops per image; 0 (`auto`) = 2
+  double random_erasing = 0;  // RandomErasing probability (torchvision's scale and ratio)
 };
 
 struct DataSpec {
@@ -65,22 +82,45 @@ struct DataSpec {
                                       // after their first use, as tf.data's .cache()
   bool reduced_decode = true;         // JPEG: decode at 1/2, 1/4 or 1/8 scale (libjpeg DCT
                                       // scaling) when that still covers image_size
+  std::string interpolation = "bilinear";  // bilinear | bicubic (crops and resizes)
+  std::string eval_resize = "square";      // square (the tutorial) | shorter_side (torchvision)
+  int eval_resize_size = 0;         // shorter_side: the shorter side before the crop; 0 (`auto`) =
+                                    // eval_crop_size / 0.875 (256 for 224); square: unused
+  int eval_crop_size = 0;           // evaluation input side; 0 (`auto`) = image_size
+  std::string sampler = "uniform";  // uniform | balanced (each class equally likely)
 };
 
 struct OptimizerSpec {
-  std::string name = "adam";    // adam | adamw | sgd
-  double learning_rate = 1e-4;  // base learning rate (tutorial: Adam 1e-4)
-  double momentum = 0.9;        // sgd only
-  double weight_decay = 0.0;    // L2 (adam, sgd) or decoupled (adamw)
-  bool nesterov = false;        // sgd only
+  std::string name = "adam";      // adam | adamw | sgd
+  double learning_rate = 1e-4;    // base learning rate (tutorial: Adam 1e-4)
+  double momentum = 0.9;          // sgd only
+  double weight_decay = 0.0;      // L2 (adam, sgd) or decoupled (adamw)
+  bool nesterov = false;          // sgd only
+  std::string norm_weight_decay;  // BatchNorm weights and biases; "" = weight_decay
+  std::string bias_weight_decay;  // other biases; "" = weight_decay
 };
 
 struct LrScheduleSpec {
-  std::string name = "constant";  // constant | cosine | step
-  double warmup_epochs = 0.0;     // linear warm-up from 0 over this many epochs
-  int step_epochs = 30;           // step: multiply by gamma every this many epochs
-  double gamma = 0.1;             // step: decay factor
-  double min_lr = 0.0;            // cosine: final learning rate
+  std::string name = "constant";    // constant | cosine | step
+  double warmup_epochs = 0.0;       // linear warm-up from 0 over this many epochs
+  int step_epochs = 30;             // step: multiply by gamma every this many epochs
+  double gamma = 0.1;               // step: decay factor
+  double min_lr = 0.0;              // cosine: final learning rate; plateau: the floor
+  double factor = 0.1;              // plateau: multiply by this when the metric stalls
+  int patience = 10;                // plateau: epochs without improvement before reducing
+  std::string metric = "val_loss";  // plateau: val_loss (mode min) | val_accuracy (mode max)
+};
+
+struct EmaSpec {
+  double decay = 0;      // 0 = off; torchvision's model_ema_decay (0.99998), adjusted for the
+                         // global batch, every_steps and epochs as its reference does
+  int every_steps = 32;  // update the average every N optimizer steps
+};
+
+struct EarlyStoppingSpec {
+  int patience = 0;                     // 0 = off; stop after N epochs without improvement
+  std::string metric = "val_accuracy";  // val_accuracy | val_loss
+  double min_delta = 0;                 // an improvement smaller than this does not count
 };
 
 struct TrainSpec {
@@ -106,12 +146,23 @@ struct TrainSpec {
   int64_t seed = 42;             // model initialisation seed
   int64_t max_steps = 0;         // 0 = no limit; stop after this many steps (smoke runs)
   std::string scale_lr = "off";  // off | linear (learning rate x number of replicas)
+  double mixup_alpha = 0;        // 0 = off; lambda ~ Beta(alpha, alpha) per batch
+  double cutmix_alpha = 0;       // 0 = off; with both, one of the two per batch, half and half
+  EmaSpec ema;
+  double clip_grad_norm = 0;  // 0 = off; max L2 norm of the global (averaged) gradient
+  std::vector<std::string> class_weights = {"none"};  // none | balanced | [w0, w1, ...]
+  std::string loss = "cross_entropy";                 // cross_entropy | focal | bi_tempered
+  double focal_gamma = 2.0;                           // focal: (1 - p)^gamma
+  double bi_tempered_t1 = 0.8;                        // bi_tempered: t1 <= 1 (1 = log loss)
+  double bi_tempered_t2 = 1.2;                        // bi_tempered: t2 >= 1 (1 = softmax)
+  EarlyStoppingSpec early_stopping;
 };
 
 struct CheckpointSpec {
   int every_epochs = 1;  // write a checkpoint every N epochs (and at the end)
   int every_steps = 0;   // also every N steps, mid-epoch (bounds the work a failure costs); 0 = off
   int keep = 3;          // newest checkpoints kept
+  std::string keep_best = "off";  // off | val_accuracy | val_loss: JOB_DIR/model_best
 };
 
 struct DistributedSpec {
@@ -135,6 +186,7 @@ struct ExportSpec {
   bool onnx = false;                // also write JOB_DIR/model/model.onnx (chief, at the end)
   bool onnx_preprocessing = false;  // its input: uint8 NHWC RGB, normalised inside the graph
   int onnx_opset = 13;              // 13 (what OpenCV 4.6's DNN reads) to 17
+  std::string weights = "ema";      // ema (when train.ema.decay > 0) | raw
 };
 
 struct JobSpec {

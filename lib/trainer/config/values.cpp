@@ -234,6 +234,30 @@ std::string class_names_problem(const std::vector<std::string>& names) {
   return "";
 }
 
+std::string class_weights_problem(const std::vector<std::string>& weights) {
+  if (weights.size() == 1 && (weights[0] == "none" || weights[0] == "balanced")) return "";
+  if (weights.empty()) return "expected none, balanced or a list of weights, got []";
+  const Field number("");
+  bool any = false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    double w = 0;
+    if (!parse_scalar(weights[i], w, number) || w < 0) {
+      return "expected none, balanced or a list of numbers >= 0, got " + in_quotes(weights[i]) +
+             (weights.size() > 1 ? " at index " + std::to_string(i) : std::string());
+    }
+    any = any || w > 0;
+  }
+  if (!any) return "expected at least one weight above 0";
+  return "";
+}
+
+std::string weight_decay_problem(const std::string& value) {
+  if (value.empty()) return "";
+  double w = 0;
+  if (parse_scalar(value, w, Field("")) && w >= 0) return "";
+  return "expected a number >= 0 or \"\" (= weight_decay), got " + in_quotes(value);
+}
+
 int edit_distance(const std::string& a_in, const std::string& b_in) {
   const std::string a = lower(a_in), b = lower(b_in);
   const size_t n = a.size(), m = b.size();

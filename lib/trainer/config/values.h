@@ -98,6 +98,12 @@ bool parse_scalar(const std::string& s, bool& out, const Field& f);
 // "" or why a class-name list is invalid (an empty name, a duplicate).
 std::string class_names_problem(const std::vector<std::string>& names);
 
+// "" or why train.class_weights is invalid: [none], [balanced] or a list of finite weights >= 0,
+// not all zero.
+std::string class_weights_problem(const std::vector<std::string>& weights);
+// "" or why an optional weight decay ("" = the main one) is not a number >= 0.
+std::string weight_decay_problem(const std::string& value);
+
 // Optimal-string-alignment edit distance, case-insensitive (for "did you mean").
 int edit_distance(const std::string& a, const std::string& b);
 

@@ -38,7 +38,8 @@ JobSpec every_field_changed() {
   s.data.class_names = {"cbb", "cbsd, mild", "null", "true", "a'b"};
   s.data.image_size = 300;
   s.data.normalize = "unit";
-  s.data.augment = {true, true, 0.25};
+  s.data.augment = {true,           true, 0.25, true, true, 15, {0.4, 0.3, 0.2, 0.1},
+                    "rand_augment", 12,   3,    0.25};
   s.data.shuffle = false;
   s.data.seed = -123456789012345;
   s.data.num_workers = 5;
@@ -49,10 +50,15 @@ JobSpec every_field_changed() {
   s.data.shuffle_buffer = 64;
   s.data.cache = "memory";
   s.data.reduced_decode = false;
+  s.data.interpolation = "bicubic";
+  s.data.eval_resize = "shorter_side";
+  s.data.eval_resize_size = 320;
+  s.data.eval_crop_size = 288;
+  s.data.sampler = "balanced";
   s.train.epochs = 40;
   s.train.per_replica_batch_size = 16;
-  s.train.optimizer = {"sgd", 0.1 / 3, 0.95, 1e-5, true};
-  s.train.lr_schedule = {"step", 2.5, 10, 0.3, 1e-7};
+  s.train.optimizer = {"sgd", 0.1 / 3, 0.95, 1e-5, true, "0", "2e-5"};
+  s.train.lr_schedule = {"step", 2.5, 10, 0.3, 1e-7, 0.5, 3, "val_accuracy"};
   s.train.label_smoothing = 0.1;
   s.train.precision = "bf16";
   s.train.deterministic = "true";
@@ -63,10 +69,20 @@ JobSpec every_field_changed() {
   s.train.seed = 9000000000;
   s.train.max_steps = 77;
   s.train.scale_lr = "linear";
-  s.checkpoint = {2, 5, 9};
+  s.train.mixup_alpha = 0.2;
+  s.train.cutmix_alpha = 1.0;
+  s.train.ema = {0.99998, 8};
+  s.train.clip_grad_norm = 1.5;
+  s.train.class_weights = {"1", "2.5", "0.5", "1", "1"};
+  s.train.loss = "bi_tempered";
+  s.train.focal_gamma = 1.5;
+  s.train.bi_tempered_t1 = 0.3;
+  s.train.bi_tempered_t2 = 1.5;
+  s.train.early_stopping = {4, "val_loss", 0.001};
+  s.checkpoint = {2, 5, 9, "val_loss"};
   s.distributed = {"gloo", 30.5, 60, 4, "eth0", "slurm"};
   s.logging = {50, "debug", false, 2.5, 9};
-  s.export_ = {true, true, 17};
+  s.export_ = {true, true, 17, "raw"};
   return s;
 }
 
@@ -92,7 +108,8 @@ TEST_CASE("to_yaml round-trips a spec with every field changed", "[config]") {
   REQUIRE_NOTHROW(validate_job_spec(s, "test"));
   // The fixture really changes every field.
   const auto changed = flatten(s);
-  const auto defaults = flatten(JobSpec{});
+  const JobSpec default_spec;
+  const auto defaults = flatten(default_spec);
   REQUIRE(changed.size() == defaults.size());
   for (size_t i = 0; i < changed.size(); ++i) {
     INFO("field " << changed[i].first);
@@ -141,9 +158,9 @@ TEST_CASE("to_yaml emits keys in declaration order", "[config]") {
 
 TEST_CASE("flatten gives canonical text in declaration order", "[config]") {
   const auto flat = flatten(minimal());
-  REQUIRE(flat.size() == 80);
+  REQUIRE(flat.size() == 116);
   CHECK(flat.front().first == "model.arch");
-  CHECK(flat.back().first == "export.onnx_opset");
+  CHECK(flat.back().first == "export.weights");
   std::set<std::string> paths;
   for (const auto& [p, v] : flat) paths.insert(p);
   CHECK(paths.size() == flat.size());  // no field listed twice
@@ -201,7 +218,8 @@ TEST_CASE("resumable_changes: what may change between runs of one job", "[config
       "train.epochs",          "train.max_steps",       "logging.",
       "checkpoint.",           "train.threads",         "data.num_workers",
       "data.prefetch_batches", "distributed.timeout_s", "distributed.rendezvous_timeout_s",
-      "distributed.interface", "distributed.cluster",   "export."};
+      "distributed.interface", "distributed.cluster",   "export.",
+      "train.early_stopping."};
   std::vector<std::string> with_cache = speed_only;
   with_cache.push_back("data.cache");
   CHECK(resumable_changes(a) == with_cache);
@@ -273,6 +291,39 @@ TEST_CASE("fingerprint is pinned (stable across builds and machines)", "[config]
   // resumable_changes, which ignores logging.*: job dirs written before them still resume.)
   // export.* (added later) counts only away from its defaults, so this value did not change.
   CHECK(fingerprint(minimal()) == "1df71c65b4be9d167bfa60e0a74f21d5");
+}
+
+TEST_CASE("fields added with the training recipes count only away from their defaults",
+          "[config]") {
+  // Job dirs written before them must still resume: at its default, a later field leaves the
+  // fingerprint as it was (the pinned value above); set, it changes it.
+  const JobSpec a = minimal();
+  const JobSpec changed = every_field_changed();
+  const auto defaults = flatten(a);
+  const auto values = flatten(changed);
+  int later = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& path = values[i].first;
+    const bool recipe = path.rfind("data.augment.", 0) == 0 || path.rfind("data.eval_", 0) == 0 ||
+                        path == "data.interpolation" || path == "data.sampler" ||
+                        path.rfind("train.ema.", 0) == 0 || path == "train.mixup_alpha" ||
+                        path == "train.loss" || path == "train.class_weights";
+    if (!recipe || path == "data.augment.horizontal_flip" ||
+        path == "data.augment.random_resized_crop" || path == "data.augment.crop_scale_min") {
+      continue;
+    }
+    ++later;
+    INFO("field " << path);
+    std::vector<std::string> set = {path + "=" + values[i].second};
+    if (path == "data.augment.magnitude" || path == "data.augment.num_ops")
+      set.push_back("data.augment.policy=rand_augment");
+    if (path == "data.eval_resize_size") set.push_back("data.eval_resize=shorter_side");
+    JobSpec b = a;
+    REQUIRE_NOTHROW(b = parse_job_spec(to_yaml(a), set, "x"));
+    CHECK(fingerprint(b) != fingerprint(a));
+    CHECK(defaults[i].second != values[i].second);
+  }
+  CHECK(later >= 20);
 }
 
 TEST_CASE("to_json has the same tree", "[config]") {
