@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainer/config/job_spec.h"
@@ -13,6 +14,24 @@ namespace trainer::train {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerSpec& spec,
                                                         std::vector<torch::Tensor> parameters);
+
+// The trainable parameters of `model` in parameter groups with their own weight decay, as
+// torchvision's reference builds them (utils.set_weight_decay): a parameter named "bias" goes to
+// the bias group when bias_weight_decay is set (its custom key, BatchNorm biases included), else
+// a parameter of a normalization layer goes to the norm group when norm_weight_decay is set,
+// else to the main group (weight_decay). Groups in that order (main, norm, bias), empty ones left
+// out; with neither field set, one group of every trainable parameter in model order.
+struct ParamGroup {
+  std::string name;  // main | norm | bias
+  std::vector<torch::Tensor> params;
+  double weight_decay = 0;
+};
+std::vector<ParamGroup> weight_decay_groups(const torch::nn::Module& model,
+                                            const config::OptimizerSpec& spec);
+
+// The optimizer over those groups (one group: the same optimizer as make_optimizer builds).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerSpec& spec,
+                                                        const std::vector<ParamGroup>& groups);
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 

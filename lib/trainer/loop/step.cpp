@@ -55,10 +55,26 @@ Stepper::Stepper(const config::JobSpec& spec, const ModelSettings& settings, boo
       distributed_(distributed),
       net_(placed(std::move(net), settings)),
       params_(trainable_parameters(net_)),
-      optimizer_(make_optimizer(spec.train.optimizer, params_)),
-      scaler_(settings.loss_scaling()),
-      loss_options_(torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
-          spec.train.label_smoothing)) {}
+      optimizer_(
+          make_optimizer(spec.train.optimizer, weight_decay_groups(*net_, spec.train.optimizer))),
+      scaler_(settings.loss_scaling()) {
+  loss_.kind = spec.train.loss;
+  loss_.label_smoothing = spec.train.label_smoothing;
+  loss_.focal_gamma = spec.train.focal_gamma;
+  loss_.t1 = spec.train.bi_tempered_t1;
+  loss_.t2 = spec.train.bi_tempered_t2;
+  mix_.mixup_alpha = spec.train.mixup_alpha;
+  mix_.cutmix_alpha = spec.train.cutmix_alpha;
+}
+
+void Stepper::set_class_weights(const std::vector<double>& weights) {
+  if (weights.empty()) {
+    loss_.class_weights = torch::Tensor();
+    return;
+  }
+  std::vector<float> w(weights.begin(), weights.end());
+  loss_.class_weights = torch::tensor(w, torch::kFloat32).to(settings_.device);
+}
 
 void Stepper::connect(dist::ProcessGroup& group) {
   dist::GradSyncOptions o;
@@ -80,7 +96,7 @@ void Stepper::connect(dist::ProcessGroup& group) {
   }
 }
 
-StepResult Stepper::step(const data::Batch& batch, double lr) {
+StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed) {
   set_learning_rate(*optimizer_, lr);
   // Reset, not zero: the first backward hands its gradient over without a fill and an add.
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
@@ -90,15 +106,28 @@ StepResult Stepper::step(const data::Batch& batch, double lr) {
   if (r.examples > 0) {
     const int64_t micro =
         spec_.train.micro_batch_size > 0 ? spec_.train.micro_batch_size : r.examples;
+    // Mixup/CutMix mix the whole replica batch (then split into micro-batches); the loss takes
+    // the mixed soft targets, the hits count the argmax of the target.
+    Mixed mixed;
+    if (mix_.enabled()) {
+      const torch::Tensor images = prepare_input(batch.images, settings_);
+      const MixDraw draw = draw_mix(mix_, images.size(2), images.size(3), mix_seed);
+      mixed = apply_mix(images, prepare_labels(batch.labels, settings_),
+                        net_->options().num_classes, draw);
+    }
     for (int64_t start = 0; start < r.examples; start += micro) {
       const int64_t len = std::min(micro, r.examples - start);
       const bool last = start + len >= r.examples;
       sync_->set_accumulating(!last);
-      const torch::Tensor labels = prepare_labels(batch.labels.narrow(0, start, len), settings_);
-      const torch::Tensor logits = forward_logits(
-          net_, prepare_input(batch.images.narrow(0, start, len), settings_), settings_);
-      const torch::Tensor loss =
-          torch::nn::functional::cross_entropy(logits, labels, loss_options_);
+      const torch::Tensor target =
+          mixed.images.defined() ? mixed.targets.narrow(0, start, len)
+                                 : prepare_labels(batch.labels.narrow(0, start, len), settings_);
+      const torch::Tensor labels = target.dim() == 2 ? target.argmax(1) : target;
+      const torch::Tensor input =
+          mixed.images.defined() ? mixed.images.narrow(0, start, len)
+                                 : prepare_input(batch.images.narrow(0, start, len), settings_);
+      const torch::Tensor logits = forward_logits(net_, input, settings_);
+      const torch::Tensor loss = training_loss(logits, target, loss_);
       // Each micro-batch's mean weighted by its share: the gradients add up to the batch's.
       scaler_.scale_loss(len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples))
           .backward();
@@ -117,8 +146,25 @@ StepResult Stepper::step(const data::Batch& batch, double lr) {
     step_ok = scaler_.unscale_and_update(params_);
     r.skipped = !step_ok;
   }
+  if (step_ok && spec_.train.clip_grad_norm > 0)
+    clip_grad_norm(params_, spec_.train.clip_grad_norm);
   if (step_ok && (r.examples > 0 || distributed_)) optimizer_->step();
   return r;
+}
+
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2));
+  }
+  if (norms.empty()) return torch::zeros({});
+  const torch::Tensor total = torch::stack(norms).norm(2);
+  const torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().detach().mul_(coef);
+  }
+  return total;
 }
 
 bool Stepper::stop_everywhere() const {

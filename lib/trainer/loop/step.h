@@ -18,6 +18,8 @@
 #include "trainer/dist/grad_sync.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/loop/loss_scaler.h"
+#include "trainer/loop/losses.h"
+#include "trainer/loop/mixing.h"
 #include "trainer/loop/runtime.h"
 #include "trainer/model/resnet.h"
 
@@ -49,7 +51,12 @@ class Stepper {
   // statistics and the stop vote) travel in the same all-reduce buckets.
   void connect(dist::ProcessGroup& group);
 
-  StepResult step(const data::Batch& batch, double lr);
+  // `mix_seed` draws the batch's mixup/CutMix (train.mixup_alpha, train.cutmix_alpha; unused
+  // when both are 0): a function of the position and the replica, so a resumed job mixes alike.
+  StepResult step(const data::Batch& batch, double lr, uint64_t mix_seed = 0);
+
+  // train.class_weights resolved for the data (class_weights() of losses.h); {} = none.
+  void set_class_weights(const std::vector<double>& weights);
 
   // Whether any replica was asked to stop (a signal) during this step: voted in the last
   // gradient bucket, so every replica learns the same answer without another collective (on a
@@ -66,13 +73,18 @@ class Stepper {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossScaler scaler_;
-  torch::nn::functional::CrossEntropyFuncOptions loss_options_;
+  LossOptions loss_;
+  MixOptions mix_;
   std::unique_ptr<dist::GradientSync> sync_;
   std::shared_ptr<model::StatsReducer> bn_reducer_;  // model.sync_batchnorm: the group's sum
 };
 
 // Training mode, with the BatchNorm layers left in eval mode when model.freeze_batchnorm.
 void set_train_mode(model::ResNet& net, const config::ModelSpec& spec);
+
+// torch.nn.utils.clip_grad_norm_ (L2, Python's: no host sync): scales every gradient by
+// min(1, max_norm / (total_norm + 1e-6)); returns the total norm (a device scalar).
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 // Parameters and buffers: what the replicas must hold identically.
 std::vector<torch::Tensor> replica_state(const model::ResNet& net);

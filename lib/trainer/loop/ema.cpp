@@ -1,0 +1,78 @@
+#include "trainer/loop/ema.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+namespace {
+
+std::vector<torch::Tensor> state_tensors(const model::ResNet& net) {
+  std::vector<torch::Tensor> out = net->parameters();
+  for (const auto& b : net->buffers()) out.push_back(b);
+  return out;
+}
+
+model::ResNet fresh_like(const config::ModelSpec& spec, int64_t num_classes) {
+  // make_resnet initialises from the global CPU generator; leave its state as it was.
+  auto gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+  }
+  model::ResNet net = model::make_resnet({spec.arch, num_classes, spec.head_hidden});
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
+  }
+  return net;
+}
+
+}  // namespace
+
+double adjusted_ema_decay(double decay, int64_t global_batch, int64_t every_steps, int64_t epochs) {
+  const double adjust = static_cast<double>(global_batch) * static_cast<double>(every_steps) /
+                        static_cast<double>(std::max<int64_t>(epochs, 1));
+  const double alpha = std::min(1.0, (1.0 - decay) * adjust);
+  return 1.0 - alpha;
+}
+
+WeightEma::WeightEma(const model::ResNet& net, const config::ModelSpec& spec, int64_t num_classes,
+                     const ModelSettings& settings, double decay)
+    : ema_(fresh_like(spec, num_classes)), decay_(decay) {
+  place_model(ema_, settings);
+  for (auto& p : ema_->parameters()) p.set_requires_grad(false);
+  ema_->eval();
+  torch::NoGradGuard no_grad;
+  const auto from = state_tensors(net);
+  const auto to = state_tensors(ema_);
+  for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+}
+
+void WeightEma::update(const model::ResNet& net) {
+  torch::NoGradGuard no_grad;
+  const auto from = state_tensors(net);
+  const auto to = state_tensors(ema_);
+  if (from.size() != to.size()) throw Error(ErrorKind::kInternal, "WeightEma: model mismatch");
+  for (size_t i = 0; i < to.size(); ++i) {
+    const torch::Tensor current = from[i].detach();
+    if (count_ == 0 || !to[i].is_floating_point()) {
+      to[i].copy_(current);
+    } else {
+      to[i].copy_(to[i] * decay_ + current * (1.0 - decay_));
+    }
+  }
+  ++count_;
+}
+
+model::StateDict WeightEma::state() const { return model::state_dict(*ema_); }
+
+void WeightEma::restore(const model::StateDict& tensors, int64_t count, const std::string& origin) {
+  model::load_state_dict(*ema_, tensors, origin);
+  count_ = count;
+}
+
+}  // namespace trainer::train

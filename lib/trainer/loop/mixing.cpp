@@ -1,0 +1,64 @@
+#include "trainer/loop/mixing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "trainer/data/random.h"
+#include "trainer/util/error.h"
+
+namespace trainer::train {
+
+MixDraw draw_mix(const MixOptions& o, int64_t height, int64_t width, uint64_t seed) {
+  MixDraw d;
+  if (!o.enabled()) return d;
+  data::Rng rng(seed);
+  bool cutmix = o.cutmix_alpha > 0;
+  if (o.mixup_alpha > 0 && o.cutmix_alpha > 0) cutmix = data::uniform01(rng) >= 0.5;
+  const double alpha = cutmix ? o.cutmix_alpha : o.mixup_alpha;
+  const double lambda = data::beta_sample(rng, alpha, alpha);
+  if (!cutmix) {
+    d.kind = "mixup";
+    d.lambda = lambda;
+    return d;
+  }
+  d.kind = "cutmix";
+  const int64_t rx = data::uniform_int(rng, 0, width);
+  const int64_t ry = data::uniform_int(rng, 0, height);
+  const double r = 0.5 * std::sqrt(1.0 - lambda);
+  const auto half_w = static_cast<int64_t>(r * static_cast<double>(width));
+  const auto half_h = static_cast<int64_t>(r * static_cast<double>(height));
+  d.x1 = std::max<int64_t>(rx - half_w, 0);
+  d.y1 = std::max<int64_t>(ry - half_h, 0);
+  d.x2 = std::min<int64_t>(rx + half_w, width);
+  d.y2 = std::min<int64_t>(ry + half_h, height);
+  d.lambda = 1.0 - static_cast<double>((d.x2 - d.x1) * (d.y2 - d.y1)) /
+                       static_cast<double>(width * height);
+  return d;
+}
+
+Mixed apply_mix(const torch::Tensor& images, const torch::Tensor& labels, int64_t num_classes,
+                const MixDraw& d) {
+  if (images.dim() != 4 || labels.dim() != 1 || labels.size(0) != images.size(0)) {
+    throw Error(ErrorKind::kInternal, "apply_mix: expected [B, C, H, W] images and [B] labels");
+  }
+  Mixed out;
+  out.targets = torch::nn::functional::one_hot(labels, num_classes).to(torch::kFloat32);
+  if (d.kind == "none" || images.size(0) == 0) {
+    out.images = images;
+    return out;
+  }
+  const torch::Tensor targets_rolled = out.targets.roll(1, 0);
+  out.targets = targets_rolled * (1.0 - d.lambda) + out.targets * d.lambda;
+  const torch::Tensor rolled = images.roll(1, 0);
+  if (d.kind == "mixup") {
+    out.images = rolled * (1.0 - d.lambda) + images * d.lambda;
+    return out;
+  }
+  out.images = images.clone(images.suggest_memory_format());
+  using torch::indexing::Slice;
+  out.images.index_put_({Slice(), Slice(), Slice(d.y1, d.y2), Slice(d.x1, d.x2)},
+                        rolled.index({Slice(), Slice(), Slice(d.y1, d.y2), Slice(d.x1, d.x2)}));
+  return out;
+}
+
+}  // namespace trainer::train
