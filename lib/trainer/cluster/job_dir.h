@@ -30,6 +30,7 @@ class JobDir {
   fs::path metrics_file() const { return write_dir_ / "metrics.jsonl"; }
   fs::path checkpoints_dir() const { return root_ / "checkpoints"; }
   fs::path model_dir() const { return root_ / "model"; }
+  fs::path model_best_dir() const { return root_ / "model_best"; }  // checkpoint.keep_best
   fs::path logs_dir() const { return root_ / "logs"; }  // the chief's TensorBoard runs
   fs::path log_file() const { return write_dir_ / "trainer.log"; }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <queue>
 #include <sstream>
@@ -325,6 +326,38 @@ std::vector<int64_t> worker_epoch_order(const ShardPlan& plan, int64_t num_examp
   }
   throw Error(ErrorKind::kInternal,
               "worker_epoch_order: unknown effective policy '" + plan.policy_effective + "'");
+}
+
+std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, uint64_t seed,
+                                          int64_t epoch, int worker, int num_workers) {
+  check_rank("balanced_epoch_order", worker, num_workers);
+  std::map<int64_t, int64_t> counts;
+  for (const int64_t l : labels) {
+    if (l < 0) {
+      throw Error(ErrorKind::kInternal, "balanced_epoch_order: a label that was not listed");
+    }
+    ++counts[l];
+  }
+  // Cumulative weights in example order; a draw is the first example whose cumulative weight
+  // exceeds u * total.
+  std::vector<double> cumulative;
+  cumulative.reserve(labels.size());
+  double total = 0;
+  for (const int64_t l : labels) {
+    total += 1.0 / static_cast<double>(counts[l]);
+    cumulative.push_back(total);
+  }
+  Rng rng(util::mix_seed(seed, {static_cast<uint64_t>(epoch), kBalancedStream}));
+  std::vector<int64_t> mine;
+  for (size_t draw = 0; draw < labels.size(); ++draw) {
+    const double u = uniform01(rng) * total;
+    auto it = std::upper_bound(cumulative.begin(), cumulative.end(), u);
+    if (it == cumulative.end()) --it;
+    if (draw % static_cast<size_t>(num_workers) == static_cast<size_t>(worker)) {
+      mine.push_back(static_cast<int64_t>(it - cumulative.begin()));
+    }
+  }
+  return mine;
 }
 
 std::vector<int64_t> eval_shard(int64_t num_examples, int worker, int num_workers) {

@@ -47,6 +47,24 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
   if (spec.data.validation.enabled()) {
     plan.validation = list_split(spec.data, "validation", plan.class_names, list);
   }
+  // What needs every training label before the first record is read.
+  if (plan.train.is_records()) {
+    const char* why =
+        " needs the training labels when listing (imagefolder or csv); the labels "
+        "of tfrecord files are known only when the records are read";
+    if (spec.data.sampler == "balanced")
+      throw ConfigError(std::string("data.sampler: balanced") + why);
+    if (spec.train.class_weights == std::vector<std::string>{"balanced"}) {
+      throw ConfigError(std::string("train.class_weights: balanced") + why +
+                        ": give the weights as a list [w0, w1, ...]");
+    }
+  }
+  if (spec.train.class_weights.size() > 1 &&
+      static_cast<int64_t>(spec.train.class_weights.size()) != plan.num_classes) {
+    throw ConfigError("train.class_weights: " + std::to_string(spec.train.class_weights.size()) +
+                      " weights, but " + plan.train.origin + " has " +
+                      std::to_string(plan.num_classes) + " classes (one weight per class)");
+  }
   const int64_t batch = spec.train.per_replica_batch_size;
   plan.worker = std::max(cluster.rank, 0);
   plan.num_workers = std::max(cluster.world_size, 1);
@@ -75,6 +93,21 @@ data::LoaderOptions base_options(const config::DataSpec& data, const config::Tra
   o.preprocess.random_resized_crop = data.augment.random_resized_crop;
   o.preprocess.crop_scale_min = data.augment.crop_scale_min;
   o.preprocess.reduced_decode = data.reduced_decode;
+  const config::AugmentSpec& a = data.augment;
+  o.preprocess.vertical_flip = a.vertical_flip;
+  o.preprocess.rotate90 = a.rotate90;
+  o.preprocess.rotate_degrees = a.rotate_degrees;
+  o.preprocess.color_jitter = {a.color_jitter.brightness, a.color_jitter.contrast,
+                               a.color_jitter.saturation, a.color_jitter.hue};
+  o.preprocess.policy = a.policy;
+  o.preprocess.magnitude = a.magnitude;
+  o.preprocess.num_ops = a.num_ops;
+  o.preprocess.random_erasing = a.random_erasing;
+  o.preprocess.normalize = data.normalize;
+  o.preprocess.interpolation = data.interpolation;
+  o.preprocess.eval_resize = data.eval_resize;
+  o.preprocess.eval_resize_size = data.eval_resize_size;
+  o.preprocess.eval_crop_size = data.eval_crop_size;
   o.cache = data.cache == "memory";
   o.read_ahead = data.shuffle_buffer;
   o.batch_size = train.per_replica_batch_size;
@@ -99,6 +132,13 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
     data::use_record_order(o, data::files_of(plan.train), plan.shard,
                            data::RecordOrderOptions{o.seed, data.shuffle, data.interleave,
                                                     static_cast<int64_t>(data.shuffle_buffer)});
+  } else if (data.sampler == "balanced") {
+    std::vector<int64_t> labels;
+    for (const auto& e : plan.train.examples) labels.push_back(e.label);
+    o.order = [labels = std::move(labels), seed = o.seed, worker = plan.worker,
+               workers = plan.num_workers](int64_t epoch) {
+      return data::balanced_epoch_order(labels, seed, epoch, worker, workers);
+    };
   } else if (plan.num_workers > 1) {
     const auto n = static_cast<int64_t>(plan.train.examples.size());
     o.order = [shard = plan.shard, n, seed = o.seed, shuffle = o.shuffle](int64_t epoch) {
@@ -108,6 +148,15 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
   }
   o.max_batches = plan.steps_per_epoch;
   return o;
+}
+
+std::vector<int64_t> label_counts(const data::Listing& listing, int64_t num_classes) {
+  if (listing.is_records()) return {};
+  std::vector<int64_t> counts(static_cast<size_t>(num_classes), 0);
+  for (const auto& e : listing.examples) {
+    if (e.label >= 0 && e.label < num_classes) ++counts[static_cast<size_t>(e.label)];
+  }
+  return counts;
 }
 
 std::unique_ptr<data::Loader> make_eval_loader(const config::DataSpec& data,

@@ -41,6 +41,10 @@ struct DataPlan {
 DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
                    const data::ListOptions& list = {});
 
+// Examples per class of an image listing (imagefolder, csv); {} for record sources, whose labels
+// are known only when read (train.class_weights: balanced needs them).
+std::vector<int64_t> label_counts(const data::Listing& listing, int64_t num_classes);
+
 // Lists one source of the spec ("train" or "validation") with the given class names.
 data::Listing list_split(const config::DataSpec& spec, const std::string& split,
                          const std::vector<std::string>& class_names,

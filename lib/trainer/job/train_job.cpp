@@ -3,12 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
+#include <functional>
 #include <memory>
 
 #include "trainer/data/loader.h"
 #include "trainer/dist/replicas.h"
 #include "trainer/job/agreement.h"
 #include "trainer/job/data_plan.h"
+#include "trainer/loop/ema.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/events.h"
 #include "trainer/loop/metrics.h"
@@ -17,16 +19,21 @@
 #include "trainer/loop/runtime.h"
 #include "trainer/loop/schedule.h"
 #include "trainer/loop/step.h"
+#include "trainer/loop/watch.h"
 #include "trainer/model/resnet.h"
 #include "trainer/util/device.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
+#include "trainer/util/rng.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
 
 namespace {
+
+// The stream of the mixup/CutMix draws (util::mix_seed with the data seed and the position).
+constexpr uint64_t kMixStream = 0x6d69786375746d78ULL;  // "mixcutmx"
 
 void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainContext& ctx,
               const model::ResNet& net) {
@@ -78,17 +85,27 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainCont
 // door to what only the chief writes. Every rank calls these (they are collectives).
 class ChiefWrites {
  public:
-  ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper)
-      : spec_(spec), ctx_(ctx), stepper_(stepper), identity_(job_identity(spec)) {}
+  // `ema`: the job's weight average (train.ema), or nullptr; `recipe`: the state of the
+  // recipe's decisions, written with each checkpoint.
+  ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper,
+              const WeightEma* ema, std::function<nlohmann::json()> recipe)
+      : spec_(spec),
+        ctx_(ctx),
+        stepper_(stepper),
+        ema_(ema),
+        recipe_(std::move(recipe)),
+        identity_(job_identity(spec)) {}
 
   void checkpoint(const TrainPosition& at) {
     dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()),
                                fmt::format("at the checkpoint of step {}", at.global_step));
     chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "writing a checkpoint", [&] {
+      const model::StateDict ema = ema_ ? ema_->state() : model::StateDict();
       const auto dir = save_checkpoint(
           ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
           stepper_.optimizer(), spec_.checkpoint.keep,
-          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json());
+          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json(), recipe_(),
+          ema_ ? &ema : nullptr);
       spdlog::info("checkpoint {}", dir.string());
     });
   }
@@ -114,9 +131,29 @@ class ChiefWrites {
     }
   }
 
+  // The weights the export holds: the EMA's unless export.weights: raw (or no EMA).
+  model::ResNet& exported_net() {
+    if (ema_ != nullptr && spec_.export_.weights == "ema")
+      return const_cast<WeightEma*>(ema_)->net();
+    return stepper_.net();
+  }
+
   void export_model(TrainSummary* summary) {
-    dist::check_replicas_agree(ctx_.group, replica_state(stepper_.net()), "at the end");
-    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, "exporting the model", [&] {
+    export_to(ctx_.job_dir.model_dir(), "at the end", "exporting the model", summary);
+    summary->model_dir = ctx_.job_dir.model_dir();
+  }
+
+  // checkpoint.keep_best: the best epoch's model beside the last, in JOB_DIR/model_best.
+  void export_best(TrainSummary* summary, int64_t epoch) {
+    export_to(ctx_.job_dir.model_best_dir(), fmt::format("at the best epoch ({})", epoch + 1),
+              "writing the best model", summary);
+  }
+
+ private:
+  void export_to(const fs::path& out_dir, const std::string& when, const char* what,
+                 TrainSummary* summary) {
+    dist::check_replicas_agree(ctx_.group, replica_state(exported_net()), when);
+    chief_writes(ctx_.group, ctx_.cluster, ctx_.job_dir, what, [&] {
       ModelInfo info;
       info.arch = spec_.model.arch;
       info.num_classes = ctx_.plan.num_classes;
@@ -125,6 +162,10 @@ class ChiefWrites {
       info.image_size = spec_.data.image_size;
       info.normalize = spec_.data.normalize;
       info.reduced_decode = spec_.data.reduced_decode;
+      info.interpolation = spec_.data.interpolation;
+      info.eval_resize = spec_.data.eval_resize;
+      info.eval_resize_size = spec_.data.eval_resize_size;
+      info.eval_crop_size = spec_.data.eval_crop_size;
       info.precision = ctx_.settings.precision;
       info.channels_last = ctx_.settings.channels_last;
       info.global_step = summary->global_step;
@@ -133,16 +174,15 @@ class ChiefWrites {
       OnnxOptions onnx;
       onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
       onnx.opset = spec_.export_.onnx_opset;
-      train::export_model(ctx_.job_dir.model_dir(), stepper_.net(), info,
-                          spec_.export_.onnx ? &onnx : nullptr);
-      summary->model_dir = ctx_.job_dir.model_dir();
+      train::export_model(out_dir, exported_net(), info, spec_.export_.onnx ? &onnx : nullptr);
     });
   }
 
- private:
   const config::JobSpec& spec_;
   const TrainContext& ctx_;
   Stepper& stepper_;
+  const WeightEma* ema_;
+  std::function<nlohmann::json()> recipe_;
   std::string identity_;
 };
 
@@ -213,6 +253,48 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                  spec.train.optimizer.learning_rate, plan.num_workers, base_lr);
   }
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
+  stepper.set_class_weights(class_weights(spec.train.class_weights, plan.num_classes,
+                                          label_counts(plan.train, plan.num_classes)));
+  if (spec.train.class_weights != std::vector<std::string>{"none"}) {
+    spdlog::info("train.class_weights: {}",
+                 fmt::join(class_weights(spec.train.class_weights, plan.num_classes,
+                                         label_counts(plan.train, plan.num_classes)),
+                           ", "));
+  }
+  if (spec.train.mixup_alpha > 0 || spec.train.cutmix_alpha > 0) {
+    spdlog::info("train: mixup alpha {}, CutMix alpha {} (pairs within each replica's batch)",
+                 spec.train.mixup_alpha, spec.train.cutmix_alpha);
+  }
+
+  // The EMA of the weights (train.ema) and the decisions on each validation (keep_best, early
+  // stopping, ReduceLROnPlateau), with their state in every checkpoint.
+  std::unique_ptr<WeightEma> ema;
+  if (spec.train.ema.decay > 0) {
+    const double decay = adjusted_ema_decay(spec.train.ema.decay, plan.global_batch_size,
+                                            spec.train.ema.every_steps, spec.train.epochs);
+    ema = std::make_unique<WeightEma>(stepper.net(), spec.model, plan.num_classes, ctx.settings,
+                                      decay);
+    spdlog::info("train.ema: decay {} adjusted to {} (global batch {}, every {} steps, {} epochs)",
+                 spec.train.ema.decay, decay, plan.global_batch_size, spec.train.ema.every_steps,
+                 spec.train.epochs);
+  }
+  // keep_best and early stopping watch the weights the export holds; the plateau schedule the
+  // trained (raw) weights whose rate it sets.
+  const bool watch_ema = ema && spec.export_.weights == "ema";
+  const std::string best_metric = spec.checkpoint.keep_best;
+  BestTracker best(metric_is_maximised(best_metric));
+  const config::EarlyStoppingSpec& early_spec = spec.train.early_stopping;
+  EarlyStopping early(metric_is_maximised(early_spec.metric), early_spec.min_delta,
+                      early_spec.patience);
+  const config::LrScheduleSpec& sched = spec.train.lr_schedule;
+  ReduceOnPlateau plateau(metric_is_maximised(sched.metric), sched.factor, sched.patience,
+                          sched.min_lr, base_lr);
+  const auto recipe_state = [&] {
+    nlohmann::json j = {
+        {"best", best.state()}, {"early_stopping", early.state()}, {"plateau", plateau.state()}};
+    if (ema) j["ema_count"] = ema->count();
+    return j;
+  };
 
   // 3. Resume, then the chief's weights everywhere, then the gradient sync.
   TrainPosition pos;
@@ -223,12 +305,27 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                                "'" + (ctx.resume->dir / "state.json").string() + "'");
     }
     pos = ctx.resume->position;
+    const std::string where = "'" + (ctx.resume->dir / "state.json").string() + "': recipe";
+    const nlohmann::json& recipe = ctx.resume->recipe;
+    if (recipe.is_object()) {
+      best.restore(recipe.at("best"), where + ".best");
+      early.restore(recipe.at("early_stopping"), where + ".early_stopping");
+      plateau.restore(recipe.at("plateau"), where + ".plateau");
+    }
+    if (ema) {
+      if (!ctx.resume->has_ema || !recipe.is_object() || !recipe.contains("ema_count")) {
+        throw DataError("'" + ctx.resume->dir.string() +
+                        "': holds no EMA weights (ema.safetensors), but train.ema.decay is set");
+      }
+      ema->restore(load_checkpoint_ema(*ctx.resume), recipe.at("ema_count").get<int64_t>(),
+                   (ctx.resume->dir / "ema.safetensors").string());
+    }
     spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
                  pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
   }
   dist::broadcast_parameters(group, replica_state(stepper.net()));
   stepper.connect(group);
-  ChiefWrites chief(spec, ctx, stepper);
+  ChiefWrites chief(spec, ctx, stepper, ema.get(), recipe_state);
   const int64_t first_step = ctx.resume ? pos.global_step : 0;
   EpochMeter meter(
       plan.num_workers, group, ctx.settings.device,
@@ -243,6 +340,13 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     return spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
   };
   bool stop = at_max_steps();
+  // A job that stopped early and is started again only exports.
+  const bool stopped_early = early_spec.patience > 0 && early.wait() >= early_spec.patience;
+  if (stopped_early) {
+    spdlog::info("train.early_stopping: this job stopped early at epoch {}; nothing left to train",
+                 pos.epoch);
+    pos.epoch = spec.train.epochs;
+  }
   for (; pos.epoch < spec.train.epochs && !stop; ++pos.epoch, pos.batch_in_epoch = 0) {
     set_train_mode(stepper.net(), spec.model);
     train_loader.start_epoch(pos.epoch, pos.batch_in_epoch);
@@ -251,9 +355,20 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       // The schedule's step is the position in this plan's epochs: the global step, unless the
       // job resumed at an epoch boundary with another number of workers (check_resume_plan).
       const int64_t schedule_step = pos.epoch * plan.steps_per_epoch + pos.batch_in_epoch;
-      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape);
+      const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape) *
+                        (plateau.lr() / base_lr);
       sync_check.begin_step();
-      const StepResult r = stepper.step(*batch, lr);
+      const uint64_t mix_seed =
+          util::mix_seed(static_cast<uint64_t>(spec.data.seed),
+                         {static_cast<uint64_t>(pos.epoch), static_cast<uint64_t>(batch->index),
+                          static_cast<uint64_t>(plan.worker), kMixStream});
+      const StepResult r = stepper.step(*batch, lr, mix_seed);
+      if (ema && batch->index % spec.train.ema.every_steps == 0) {
+        ema->update(stepper.net());
+        // torchvision: during the warm-up the average restarts at every update.
+        if (static_cast<double>(pos.epoch) < spec.train.lr_schedule.warmup_epochs)
+          ema->reset_count();
+      }
       pos = {pos.epoch, batch->index + 1, pos.global_step + 1};
       meter.end_step(pos, *batch, r, lr, stepper.sync_stats());
       sync_check.end_step();
@@ -267,17 +382,62 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     std::string line;
     std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);
     const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
+    bool stop_early = false;
+    bool new_best = false;
     if (val_loader && (epoch_finished || stop)) {
       const EvalCounts val =
           evaluate_distributed(group, stepper.net(), *val_loader, plan.num_classes, ctx.settings);
       set_train_mode(stepper.net(), spec.model);
       summary.val_accuracy = val.accuracy();
       add_validation(val, &epoch_metrics, &line);
+      EvalCounts watched = val;
+      if (ema) {
+        const EvalCounts val_ema =
+            evaluate_distributed(group, ema->net(), *val_loader, plan.num_classes, ctx.settings);
+        epoch_metrics["val_ema_loss"] = val_ema.loss();
+        epoch_metrics["val_ema_accuracy"] = val_ema.accuracy();
+        line += fmt::format("; EMA loss {:.4f} acc {:.4f}", val_ema.loss(), val_ema.accuracy());
+        if (watch_ema) {
+          watched = val_ema;
+          summary.val_accuracy = val_ema.accuracy();
+        }
+      }
+      // Every rank holds the same sums (evaluate_distributed), so every rank decides alike.
+      const auto value = [](const EvalCounts& c, const std::string& metric) {
+        return metric == "val_accuracy" ? c.accuracy() : c.loss();
+      };
+      if (epoch_finished) {
+        if (sched.name == "plateau" && plateau.step(value(val, sched.metric))) {
+          spdlog::info(
+              "train.lr_schedule: plateau: {} did not improve for more than {} epochs: "
+              "learning rate {} from now on",
+              sched.metric, sched.patience, plateau.lr());
+        }
+        if (best_metric != "off") new_best = best.step(value(watched, best_metric), pos.epoch);
+        if (early_spec.patience > 0 && early.step(value(watched, early_spec.metric))) {
+          stop_early = true;
+          line += fmt::format("; no improvement of {} for {} epochs: stopping early",
+                              early_spec.metric, early.wait());
+        }
+      }
     }
     spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
     meter.write_epoch(pos, epoch_metrics);
-    chief.checkpoint_if_due(pos, epoch_finished, stop);
     summary.epochs_done = epoch_finished ? pos.epoch + 1 : pos.epoch;
+    if (new_best) {  // before the checkpoint that records it as the best
+      summary.global_step = pos.global_step;
+      chief.export_best(&summary, pos.epoch);
+      spdlog::info("checkpoint.keep_best: {} {:.4f} at epoch {}: {}", best_metric, best.best(),
+                   pos.epoch + 1, ctx.job_dir.model_best_dir().string());
+    }
+    chief.checkpoint_if_due(pos, epoch_finished, stop || stop_early);
+    if (stop_early) {
+      spdlog::info(
+          "train.early_stopping: stopped after epoch {} of {}; the best {} was at epoch {}",
+          pos.epoch + 1, spec.train.epochs, early_spec.metric, pos.epoch + 1 - early.wait());
+      ++pos.epoch;  // the epoch is done
+      break;
+    }
   }
   if (stop) {
     spdlog::info("train.max_steps {} reached at step {}", spec.train.max_steps, pos.global_step);

@@ -25,6 +25,8 @@ namespace {
 constexpr const char* kPrefix = "ckpt-";
 // The files every checkpoint holds besides state.json (restore_checkpoint reads each).
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.pt", "rng.safetensors"};
+// The files a checkpoint may hold besides those.
+constexpr const char* kOptionalFiles[] = {"ema.safetensors"};
 
 std::string checkpoint_name(int64_t step) {
   char buf[32];
@@ -91,10 +93,13 @@ CheckpointInfo verify(const fs::path& dir) {
   for (const auto& [name, meta] : files.items()) {
     // Only the checkpoint's own files: a name is never a path out of the directory (a hostile
     // "../x" or "/dev/zero" would read what it names).
-    if (std::find_if(std::begin(kFiles), std::end(kFiles),
-                     [&name = name](const char* f) { return name == f; }) == std::end(kFiles)) {
+    const auto is_name = [&name = name](const char* f) { return name == f; };
+    if (std::find_if(std::begin(kFiles), std::end(kFiles), is_name) == std::end(kFiles) &&
+        std::find_if(std::begin(kOptionalFiles), std::end(kOptionalFiles), is_name) ==
+            std::end(kOptionalFiles)) {
       throw DataError("'" + state_path.string() + "': lists an unexpected file '" + name +
-                      "' (expected only model.safetensors, optimizer.pt, rng.safetensors)");
+                      "' (expected only model.safetensors, optimizer.pt, rng.safetensors, "
+                      "ema.safetensors)");
     }
     const std::string bytes = util::read_file(dir / name);
     const std::string file_where = where + ": files: " + name;
@@ -117,6 +122,8 @@ CheckpointInfo verify(const fs::path& dir) {
     info.plan.shard_digests = state.at("shard_digests").get<std::vector<std::string>>();
   }
   if (state.contains("loss_scaler")) info.loss_scaler = state.at("loss_scaler");
+  if (state.contains("recipe")) info.recipe = state.at("recipe");
+  info.has_ema = files.contains("ema.safetensors");
   return info;
 }
 
@@ -137,17 +144,19 @@ namespace {
 fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                           const std::string& fingerprint, const CheckpointPlan& plan,
                           const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                          int keep, const nlohmann::json& loss_scaler) {
+                          int keep, const nlohmann::json& loss_scaler, const nlohmann::json& recipe,
+                          const model::StateDict* ema) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   const fs::path tmp_dir = fs::path(final_dir.string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
 
-  const std::vector<std::pair<std::string, std::string>> files = {
+  std::vector<std::pair<std::string, std::string>> files = {
       {"model.safetensors", model::encode_safetensors(model::state_dict(model))},
       {"optimizer.pt", optimizer_bytes(optimizer)},
       {"rng.safetensors", rng_bytes()},
   };
+  if (ema != nullptr) files.emplace_back("ema.safetensors", model::encode_safetensors(*ema));
   nlohmann::json state = {{"format_version", kCheckpointFormatVersion},
                           {"epoch", position.epoch},
                           {"batch_in_epoch", position.batch_in_epoch},
@@ -158,6 +167,7 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& 
                           {"shard_digests", plan.shard_digests},
                           {"files", nlohmann::json::object()}};
   if (!loss_scaler.is_null()) state["loss_scaler"] = loss_scaler;
+  if (!recipe.is_null()) state["recipe"] = recipe;
   for (const auto& [name, bytes] : files) {
     util::write_file_atomic(tmp_dir / name, bytes);
     state["files"][name] = {{"size", bytes.size()},
@@ -206,11 +216,12 @@ fs::path write_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& 
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                          const std::string& fingerprint, const CheckpointPlan& plan,
                          const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                         int keep, const nlohmann::json& loss_scaler) {
+                         int keep, const nlohmann::json& loss_scaler, const nlohmann::json& recipe,
+                         const model::StateDict* ema) {
   const fs::path final_dir = checkpoints_dir / checkpoint_name(position.global_step);
   try {
     return write_checkpoint(checkpoints_dir, position, fingerprint, plan, model, optimizer, keep,
-                            loss_scaler);
+                            loss_scaler, recipe, ema);
   } catch (...) {
     const ErrorSummary why = describe_exception(std::current_exception());
     if (why.kind != ErrorKind::kData) throw;
@@ -283,6 +294,14 @@ void restore_checkpoint(const CheckpointInfo& checkpoint, torch::nn::Module& mod
                       "': cannot restore the CPU generator: " + e.what_without_backtrace());
     }
   }
+}
+
+model::StateDict load_checkpoint_ema(const CheckpointInfo& checkpoint) {
+  if (!checkpoint.has_ema) {
+    throw DataError("'" + checkpoint.dir.string() +
+                    "': holds no ema.safetensors (written without train.ema)");
+  }
+  return model::load_safetensors((checkpoint.dir / "ema.safetensors").string());
 }
 
 void check_resume_plan(const CheckpointInfo& resume, const CheckpointPlan& now) {

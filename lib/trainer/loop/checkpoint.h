@@ -2,8 +2,9 @@
 //   model.safetensors (torchvision keys), optimizer.pt (LibTorch archive), rng.safetensors
 //   (the CPU generator), state.json (format version, epoch/batch position, global step, the
 //   job fingerprint, the data plan it was written under: world size, steps per epoch and every
-//   worker's shard digest; the loss scaler's state for fp16 runs; and the size + CRC-32 of
-//   every other file).
+//   worker's shard digest; the loss scaler's state for fp16 runs; the training recipe's state:
+//   the validation decisions and the EMA's count; and the size + CRC-32 of every other file),
+//   and ema.safetensors (the EMA of the weights, train.ema) when the job keeps one.
 // Tensors are stored from whatever device they were on and loaded onto the run's device, so a
 // job resumes CPU-to-GPU, GPU-to-CPU and onto another GPU index.
 // A checkpoint is written under a temp name, each file fsynced, then the directory renamed, so a
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "trainer/model/safetensors.h"
 
 namespace trainer::train {
 
@@ -47,6 +50,8 @@ struct CheckpointInfo {
   std::string fingerprint;
   CheckpointPlan plan;
   nlohmann::json loss_scaler;  // LossScaler::state() of an fp16 run; null when none was saved
+  nlohmann::json recipe;       // the recipe's state (train_job); null when none was saved
+  bool has_ema = false;        // ema.safetensors is there
 };
 
 // Reads one checkpoint directory's state.json and checks every file it lists (size and CRC).
@@ -59,7 +64,12 @@ CheckpointInfo verify_checkpoint(const fs::path& dir);
 fs::path save_checkpoint(const fs::path& checkpoints_dir, const TrainPosition& position,
                          const std::string& fingerprint, const CheckpointPlan& plan,
                          const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                         int keep, const nlohmann::json& loss_scaler = nlohmann::json());
+                         int keep, const nlohmann::json& loss_scaler = nlohmann::json(),
+                         const nlohmann::json& recipe = nlohmann::json(),
+                         const model::StateDict* ema = nullptr);
+
+// The EMA weights of a checkpoint that has them (has_ema). Throws DataError on damage.
+model::StateDict load_checkpoint_ema(const CheckpointInfo& checkpoint);
 
 // Whether `resume` may continue under `now`: the same plan always; another world size or shard
 // plan only from a checkpoint at an epoch boundary (batch_in_epoch 0; the new plan then starts
