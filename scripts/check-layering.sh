@@ -30,7 +30,7 @@ allowed() {
 # Third-party headers and the only files (relative to ROOT, regexes) that may include them:
 # HEADER|FILES|WHY (the header's regex has no '|'; FILES may).
 confined=(
-  '<opencv2/|lib/trainer/(data/(image\.cpp|transforms\.(h|cpp)|augment\.(h|cpp))|synth/synthetic\.cpp)$|OpenCV only in data/image.cpp, data/transforms.*, data/augment.* and synth/synthetic.cpp'
+  '<opencv2/|lib/trainer/(data/(image\.cpp|contact_sheet\.cpp|transforms\.(h|cpp)|augment\.(h|cpp))|synth/synthetic\.cpp)$|OpenCV only in data/image.cpp, data/contact_sheet.cpp, data/transforms.*, data/augment.* and synth/synthetic.cpp'
   '<yaml-cpp/|lib/trainer/config/[^/]+$|yaml-cpp only in config/'
   '<CLI/|app/|CLI11 only in app/'
   '<torch/csrc/distributed/|lib/trainer/dist/[^/]+$|c10d only in dist/'

@@ -7,6 +7,9 @@
 #include "fixtures.h"
 #include "harness.h"
 
+#include <cstring>
+#include <sstream>
+
 using namespace trainer::testing;
 using trainer::test::Contains;
 
@@ -125,4 +128,105 @@ TEST_CASE("bad recipe input is a clear error before training", "[recipe]") {
                                     "--set checkpoint.keep_best=val_loss");
   CHECK(no_val.code == 2);
   CHECK_THAT(no_val.err, Contains("checkpoint.keep_best: needs validation data"));
+}
+
+namespace {
+
+// A .npy file's shape (format 1.0) and its float32 data.
+std::vector<int64_t> npy_shape(const std::string& bytes, std::vector<float>* data) {
+  REQUIRE(bytes.size() > 10);
+  REQUIRE(bytes.substr(0, 6) == "\x93NUMPY");
+  const size_t header_len = static_cast<unsigned char>(bytes[8]) |
+                            (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+  const std::string header = bytes.substr(10, header_len);
+  CHECK_THAT(header, Contains("'descr': '<f4'"));
+  CHECK((10 + header_len) % 64 == 0);
+  const size_t open = header.find("'shape': (") + 10;
+  const size_t close = header.find(')', open);
+  std::vector<int64_t> shape;
+  std::istringstream dims(header.substr(open, close - open));
+  for (std::string d; std::getline(dims, d, ',');) {
+    if (d.find_first_of("0123456789") != std::string::npos) shape.push_back(std::stoll(d));
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  REQUIRE(bytes.size() == 10 + header_len + static_cast<size_t>(n) * 4);
+  data->resize(static_cast<size_t>(n));
+  std::memcpy(data->data(), bytes.data() + 10 + header_len, static_cast<size_t>(n) * 4);
+  return shape;
+}
+
+}  // namespace
+
+TEST_CASE("trainer preview writes what the model is fed", "[recipe][preview]") {
+  TempDir dir("preview");
+  make_dataset(dir.path(), "data", 6, 32);
+  write_text(dir / "job.yaml", tiny_job_yaml(1) + "\n");
+  const std::string recipe =
+      " --set train.mixup_alpha=0.2 --set train.cutmix_alpha=1.0 --set train.label_smoothing=0.1"
+      " --set data.augment.random_resized_crop=true --set data.augment.policy=trivial_augment_wide"
+      " --set data.augment.random_erasing=0.5";
+  const Result r =
+      run_trainer(dir.path(), "preview --config job.yaml --count 12 --out pv" + recipe);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("preview of 12 train examples"));
+  std::vector<float> inputs, targets;
+  CHECK(npy_shape(slurp(dir / "pv" / "inputs.npy"), &inputs) ==
+        std::vector<int64_t>{12, 3, 32, 32});
+  CHECK(npy_shape(slurp(dir / "pv" / "targets.npy"), &targets) == std::vector<int64_t>{12, 5});
+  bool soft = false;
+  for (int i = 0; i < 12; ++i) {
+    float sum = 0;
+    float top = 0;
+    for (int c = 0; c < 5; ++c) {
+      sum += targets[static_cast<size_t>(i * 5 + c)];
+      top = std::max(top, targets[static_cast<size_t>(i * 5 + c)]);
+    }
+    CHECK(sum == Approx(1.0).epsilon(1e-5));
+    CHECK(top <= 0.92 + 1e-6);  // smoothing 0.1 over 5 classes: at most 0.9 + 0.02
+    soft = soft || top < 0.9;   // mixed with another class
+  }
+  CHECK(soft);
+  CHECK(slurp(dir / "pv" / "preview.png").substr(1, 3) == "PNG");
+  std::istringstream lines(slurp(dir / "pv" / "examples.jsonl"));
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j.contains("source"));
+    CHECK(fs::exists(dir / j["source"].get<std::string>()));
+    CHECK(j["label"].is_string());
+    CHECK(j["augment"].contains("crop"));
+    CHECK(j["augment"].contains("policy"));
+    CHECK(j["augment"].contains("erase"));
+    CHECK(j.contains("mix"));
+    CHECK(j["target"].size() == 5);
+  }
+  CHECK(n == 12);
+  // The same command draws the same.
+  const Result again =
+      run_trainer(dir.path(), "preview --config job.yaml --count 12 --out pv2" + recipe);
+  REQUIRE(again.code == 0);
+  CHECK(slurp(dir / "pv2" / "inputs.npy") == slurp(dir / "pv" / "inputs.npy"));
+
+  SECTION("validation: no augmentation, one-hot targets") {
+    const Result val = run_trainer(
+        dir.path(), "preview --config job.yaml --split validation --count 4 --out pv3" + recipe);
+    INFO(val.err);
+    REQUIRE(val.code == 0);
+    std::vector<float> t;
+    npy_shape(slurp(dir / "pv3" / "targets.npy"), &t);
+    for (float v : t) CHECK((v == 0.0f || v == 1.0f));
+  }
+  SECTION("bad input is a usage error") {
+    const Result bad = run_trainer(dir.path(), "preview --config job.yaml --count 0 --out pv4");
+    CHECK(bad.code == 2);
+    CHECK_THAT(bad.err, Contains("--count"));
+    const Result none = run_trainer(
+        dir.path(),
+        "preview --config job.yaml --split validation --set data.validation.path= --out pv5");
+    CHECK(none.code == 2);
+    CHECK_THAT(none.err, Contains("no validation data"));
+    CHECK_FALSE(fs::exists(dir / "pv5"));
+  }
 }

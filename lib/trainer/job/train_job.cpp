@@ -25,15 +25,11 @@
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
-#include "trainer/util/rng.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
 
 namespace {
-
-// The stream of the mixup/CutMix draws (util::mix_seed with the data seed and the position).
-constexpr uint64_t kMixStream = 0x6d69786375746d78ULL;  // "mixcutmx"
 
 void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainContext& ctx,
               const model::ResNet& net) {
@@ -359,9 +355,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                         (plateau.lr() / base_lr);
       sync_check.begin_step();
       const uint64_t mix_seed =
-          util::mix_seed(static_cast<uint64_t>(spec.data.seed),
-                         {static_cast<uint64_t>(pos.epoch), static_cast<uint64_t>(batch->index),
-                          static_cast<uint64_t>(plan.worker), kMixStream});
+          batch_mix_seed(spec.data.seed, pos.epoch, batch->index, plan.worker);
       const StepResult r = stepper.step(*batch, lr, mix_seed);
       if (ema && batch->index % spec.train.ema.every_steps == 0) {
         ema->update(stepper.net());

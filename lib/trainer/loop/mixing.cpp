@@ -5,8 +5,16 @@
 
 #include "trainer/data/random.h"
 #include "trainer/util/error.h"
+#include "trainer/util/rng.h"
 
 namespace trainer::train {
+
+uint64_t batch_mix_seed(int64_t data_seed, int64_t epoch, int64_t batch, int worker) {
+  constexpr uint64_t kMixStream = 0x6d69786375746d78ULL;  // "mixcutmx"
+  return util::mix_seed(static_cast<uint64_t>(data_seed),
+                        {static_cast<uint64_t>(epoch), static_cast<uint64_t>(batch),
+                         static_cast<uint64_t>(worker), kMixStream});
+}
 
 MixDraw draw_mix(const MixOptions& o, int64_t height, int64_t width, uint64_t seed) {
   MixDraw d;

@@ -29,6 +29,10 @@ struct MixDraw {
   int64_t x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // cutmix: the pasted box [x1, x2) x [y1, y2)
 };
 
+// The seed of the mixing of batch `batch` of epoch `epoch` on replica `worker`: a function of the
+// position (a resumed job mixes alike; `trainer preview` shows the same mixing).
+uint64_t batch_mix_seed(int64_t data_seed, int64_t epoch, int64_t batch, int worker);
+
 // Draws the mixing of a batch of [B, C, H, W] images.
 MixDraw draw_mix(const MixOptions& options, int64_t height, int64_t width, uint64_t seed);
 
