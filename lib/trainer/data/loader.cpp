@@ -125,7 +125,7 @@ struct Loader::Impl {
   // tensor's bookkeeping): refuse at the start, saying how much, rather than swap or be killed
   // by the OOM killer epochs later.
   void check_cache_fits() const {
-    const int64_t side = options.preprocess.image_size;
+    const int64_t side = options.preprocess.output_size();
     const int64_t per_example = side * side * 3 + 512;
     const int64_t needed =
         std::min<int64_t>(positions, static_cast<int64_t>(examples.size())) * per_example;
@@ -454,7 +454,7 @@ std::optional<Batch> Loader::next() {
     batch.indices.push_back(indices[k]);
     labels.push_back(slot.labels[k]);
   }
-  const int64_t size = s.options.preprocess.image_size;
+  const int64_t size = s.options.preprocess.output_size();
   const auto pinned = torch::TensorOptions().pinned_memory(s.options.pin_memory);
   batch.images = torch::empty({static_cast<int64_t>(images.size()), size, size, 3},
                               pinned.dtype(torch::kUInt8));
