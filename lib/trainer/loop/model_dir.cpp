@@ -19,7 +19,10 @@ namespace trainer::train {
 
 namespace fs = std::filesystem;
 
+int ModelInfo::input_size() const { return eval_crop_size > 0 ? eval_crop_size : image_size; }
+
 nlohmann::json ModelInfo::to_json() const {
+  const data::PreprocessOptions p = inference_preprocess(*this);
   return {{"format_version", kModelFormatVersion},
           {"arch", arch},
           {"num_classes", num_classes},
@@ -33,6 +36,10 @@ nlohmann::json ModelInfo::to_json() const {
           {"global_step", global_step},
           {"epochs", epochs},
           {"batch_size", batch_size},
+          {"interpolation", interpolation},
+          {"eval_resize", eval_resize},
+          {"eval_resize_size", eval_resize == "shorter_side" ? p.eval_resize_side() : 0},
+          {"eval_crop_size", p.eval_crop()},
           {"trainer_version", TRAINER_VERSION},
           {"weights", "model.safetensors"},
           {"preprocessing", preprocessing_contract(*this)}};
@@ -56,13 +63,33 @@ std::pair<std::vector<float>, std::vector<float>> mean_std(const ModelInfo& info
 
 nlohmann::json preprocessing_contract(const ModelInfo& info) {
   const auto [mean, std] = mean_std(info);
-  std::string resize = "the whole image to " + std::to_string(info.image_size) + "x" +
-                       std::to_string(info.image_size) +
-                       " pixels, bilinear (OpenCV INTER_LINEAR), aspect ratio not kept, no crop";
-  if (info.reduced_decode) {
-    resize +=
-        "; a JPEG at least twice that size is first decoded at 1/2, 1/4 or 1/8 scale "
-        "(libjpeg DCT scaling)";
+  const data::PreprocessOptions p = inference_preprocess(info);
+  const std::string side = std::to_string(p.eval_crop());
+  const bool bicubic = info.interpolation == "bicubic";
+  const bool shorter_side = info.eval_resize == "shorter_side";
+  std::string resize;
+  if (shorter_side) {
+    const std::string r = std::to_string(p.eval_resize_side());
+    resize = "the shorter side to " + r + " pixels and the longer to int(" + r +
+             " * long / short), " + (bicubic ? "bicubic" : "bilinear") +
+             " with antialiasing as PIL's Image.resize (torchvision's Resize on PIL images), "
+             "then the central " +
+             side + "x" + side + " crop (offsets round((side - " + side +
+             ") / 2)), as torchvision's ClassificationPresetEval";
+    if (info.reduced_decode) {
+      resize += "; a JPEG whose sides are still at least twice " + r +
+                " pixels at 1/2, 1/4 or 1/8 scale is first decoded at that scale (libjpeg DCT "
+                "scaling) and resampled with the full image's geometry";
+    }
+  } else {
+    resize = "the whole image to " + side + "x" + side + " pixels, " +
+             (bicubic ? "bicubic (OpenCV INTER_CUBIC)" : "bilinear (OpenCV INTER_LINEAR)") +
+             ", aspect ratio not kept, no crop";
+    if (info.reduced_decode) {
+      resize +=
+          "; a JPEG at least twice that size is first decoded at 1/2, 1/4 or 1/8 scale "
+          "(libjpeg DCT scaling)";
+    }
   }
   // As written (0.485, not the float's 0.48500001430511475): the shortest text of each float.
   const auto as_written = [](const std::vector<float>& v) {
@@ -70,8 +97,11 @@ nlohmann::json preprocessing_contract(const ModelInfo& info) {
     for (const float f : v) out.push_back(std::stod(fmt::format("{}", f)));
     return out;
   };
-  return {{"image_size", info.image_size},
+  return {{"image_size", p.eval_crop()},
           {"resize", resize},
+          {"eval_resize", info.eval_resize},
+          {"resize_size", shorter_side ? nlohmann::json(p.eval_resize_side()) : nullptr},
+          {"interpolation", info.interpolation},
           {"color", "RGB"},
           {"layout", "NCHW"},
           {"dtype", "float32"},
@@ -84,7 +114,7 @@ nlohmann::json preprocessing_contract(const ModelInfo& info) {
 std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options) {
   model::OnnxExportOptions o;
   o.opset = options.opset;
-  o.image_size = info.image_size;
+  o.image_size = info.input_size();
   o.include_preprocessing = options.include_preprocessing;
   std::tie(o.mean, o.std) = mean_std(info);
   o.graph_name = info.arch;
@@ -92,7 +122,7 @@ std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptio
   const nlohmann::json contract = preprocessing_contract(info);
   const std::string input =
       options.include_preprocessing ? model::kOnnxImageInput : model::kOnnxInput;
-  const std::string size = std::to_string(info.image_size);
+  const std::string size = std::to_string(info.input_size());
   o.doc = info.arch + " image classifier over " + std::to_string(info.num_classes) +
           " classes, trained by trainer " + TRAINER_VERSION + ". Input '" + input + "': " +
           (options.include_preprocessing ? "[batch, " + size + ", " + size +
@@ -156,6 +186,13 @@ ModelInfo read_model_info(const fs::path& json_path) {
     i.global_step = util::json_int_or(j, "global_step", 0, 0, kI64, where);
     i.epochs = util::json_int_or(j, "epochs", 0, 0, kI64, where);
     i.batch_size = util::json_int_or(j, "batch_size", 32, 1, config::kMaxBatchSize, where);
+    // Absent: written before they existed, when evaluation resized the whole image.
+    i.interpolation = j.value("interpolation", "bilinear");
+    i.eval_resize = j.value("eval_resize", "square");
+    i.eval_resize_size = static_cast<int>(
+        util::json_int_or(j, "eval_resize_size", 0, 0, 2 * config::kMaxImageSize, where));
+    i.eval_crop_size = static_cast<int>(
+        util::json_int_or(j, "eval_crop_size", 0, 0, config::kMaxImageSize, where));
   } catch (const nlohmann::json::exception& e) {
     throw DataError("'" + json_path.string() + "': " + e.what());
   }
@@ -183,6 +220,12 @@ ModelInfo read_model_info(const fs::path& json_path) {
   }
   if (info.precision != "fp32" && info.precision != "bf16" && info.precision != "fp16") {
     throw bad_field("precision", info.precision);
+  }
+  if (info.interpolation != "bilinear" && info.interpolation != "bicubic") {
+    throw bad_field("interpolation", info.interpolation);
+  }
+  if (info.eval_resize != "square" && info.eval_resize != "shorter_side") {
+    throw bad_field("eval_resize", info.eval_resize);
   }
   if (static_cast<int64_t>(info.class_names.size()) != info.num_classes) {
     throw DataError("'" + json_path.string() + "': " + std::to_string(info.class_names.size()) +
@@ -217,6 +260,10 @@ data::PreprocessOptions inference_preprocess(const ModelInfo& info) {
   p.image_size = info.image_size;
   p.reduced_decode = info.reduced_decode;
   p.train = false;
+  p.interpolation = info.interpolation;
+  p.eval_resize = info.eval_resize;
+  p.eval_resize_size = info.eval_resize == "shorter_side" ? info.eval_resize_size : 0;
+  p.eval_crop_size = info.eval_crop_size;
   return p;
 }
 

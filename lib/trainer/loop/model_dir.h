@@ -32,19 +32,33 @@ struct ModelInfo {
   int64_t global_step = 0;
   int64_t epochs = 0;
   int64_t batch_size = 32;  // per-replica training batch (predict's default batch)
+  // The evaluation preprocessing validation used (data.interpolation, data.eval_*), which
+  // evaluate, predict and the ONNX export reuse. A model.json without them (written before they
+  // existed): square, bilinear, the crop = image_size.
+  std::string interpolation = "bilinear";  // bilinear | bicubic
+  std::string eval_resize = "square";      // square | shorter_side
+  int eval_resize_size = 0;                // shorter_side's shorter side; 0 = auto (crop / 0.875)
+  int eval_crop_size = 0;                  // 0 = image_size
 
+  // The model's input side at inference (the eval crop): what predict, evaluate and the ONNX
+  // export feed it.
+  int input_size() const;
+  // model.json, with the eval sizes resolved (no 0 = auto).
   nlohmann::json to_json() const;
 };
 
 // What a serving stack must do to an image before the model sees it (model.json's
-// `preprocessing`, and the ONNX metadata): decode, resize the whole image to image_size square
-// (bilinear, aspect ratio not kept, no crop; a JPEG at least twice that size first decoded at
-// 1/2, 1/4 or 1/8 scale when reduced_decode), RGB, x / 255, then (x - mean) / std per channel
-// for "imagenet"; NCHW float32.
+// `preprocessing`, and the ONNX metadata): decode; eval_resize square: resize the whole image to
+// input_size() square (bilinear or bicubic, aspect ratio not kept, no crop; a JPEG at least
+// twice that size first decoded at 1/2, 1/4 or 1/8 scale when reduced_decode); shorter_side:
+// torchvision's Resize(eval_resize_size) (PIL's antialiased filters) + CenterCrop(input_size());
+// RGB, x / 255, then (x - mean) / std per channel for "imagenet"; NCHW float32. Its
+// `image_size` is the input side.
 nlohmann::json preprocessing_contract(const ModelInfo& info);
 
-// The image preprocessing the model of `info` was trained with (its image size and JPEG decode,
-// no augmentation): what `trainer evaluate` and `trainer predict` feed it.
+// The image preprocessing the model of `info` was validated with (its eval resize, crop,
+// interpolation and JPEG decode, no augmentation): what `trainer evaluate` and `trainer
+// predict` feed it.
 data::PreprocessOptions inference_preprocess(const ModelInfo& info);
 
 // How the model of `info` runs inference on `device`: the precision it was trained in where the
