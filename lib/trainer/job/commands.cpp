@@ -324,6 +324,7 @@ int run_inspect(const InspectOptions& options, std::ostream& out) {
 }
 
 int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
+  const Tta tta = parse_tta(options.tta, "evaluate: --tta");
   const LoadedModel loaded = load_model_dir(options.model_dir);
   const config::JobSpec spec = resolve_spec(options.config, options.overrides, 0);
   const ThreadBudget budget = plan_threads(spec, 1);
@@ -344,10 +345,11 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
   ModelSettings settings = inference_settings(loaded.info, device);
   model::ResNet net = loaded.net;
   place_model(net, settings);
-  const EvalCounts counts = evaluate(net, *loader, loaded.info.num_classes, settings);
+  const EvalCounts counts = evaluate(net, *loader, loaded.info.num_classes, settings, tta);
   nlohmann::json doc = counts.to_json(loaded.info.class_names);
   doc["split"] = options.split;
   doc["model"] = options.model_dir;
+  if (tta != Tta::kNone) doc["tta"] = options.tta;
   out << doc.dump() << "\n";
   return 0;
 }

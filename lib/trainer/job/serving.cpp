@@ -11,6 +11,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/data/source.h"
 #include "trainer/job/commands.h"
+#include "trainer/loop/evaluate.h"
 #include "trainer/loop/model_dir.h"
 #include "trainer/loop/runtime.h"
 #include "trainer/model/onnx/graph.h"
@@ -101,6 +102,7 @@ int run_predict(const PredictOptions& options, std::ostream& stream) {
   if (options.batch_size < 0) {
     throw UsageError("predict: --batch-size: expected 1 or more (0 = the model's training batch)");
   }
+  const Tta tta = parse_tta(options.tta, "predict: --tta");
   std::string format = options.format;
   if (format.empty()) format = fs::path(options.out).extension() == ".csv" ? "csv" : "jsonl";
   if (format != "jsonl" && format != "csv") {
@@ -141,8 +143,10 @@ int run_predict(const PredictOptions& options, std::ostream& stream) {
   int64_t done = 0;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
+    const torch::Tensor input = prepare_input(batch->images, settings);
     const torch::Tensor probs =
-        torch::softmax(forward_logits(net, prepare_input(batch->images, settings), settings), 1)
+        (tta == Tta::kNone ? torch::softmax(forward_logits(net, input, settings), 1)
+                           : tta_log_probabilities(net, input, settings, tta).exp())
             .to(torch::kCPU, torch::kFloat)
             .contiguous();
     const torch::Tensor best = probs.argmax(1);
@@ -175,9 +179,10 @@ int run_predict(const PredictOptions& options, std::ostream& stream) {
   if (!out_path.empty()) util::write_file_atomic(out_path, buffer.str());
   spdlog::info(
       "predicted {} images in {:.2f} s: {:.1f} images/s (batch {}, {} decode thread{}, "
-      "{} intra-op){}",
+      "{} intra-op{}){}",
       done, elapsed, done / std::max(elapsed, 1e-9), lo.batch_size, budget.decode,
       budget.decode == 1 ? "" : "s", budget.intra_op,
+      tta == Tta::kNone ? "" : ", tta " + options.tta,
       out_path.empty() ? "" : "; written to " + options.out);
   return 0;
 }

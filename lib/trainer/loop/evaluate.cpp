@@ -1,5 +1,6 @@
 #include "trainer/loop/evaluate.h"
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,8 +46,46 @@ nlohmann::json EvalCounts::to_json(const std::vector<std::string>& class_names) 
           {"skipped", skipped}};
 }
 
+Tta parse_tta(const std::string& name, const std::string& option) {
+  if (name == "none") return Tta::kNone;
+  if (name == "flip") return Tta::kFlip;
+  if (name == "dihedral") return Tta::kDihedral;
+  throw UsageError(option + ": expected one of none|flip|dihedral, got '" + name + "'");
+}
+
+std::vector<torch::Tensor> tta_views(const torch::Tensor& input, Tta tta) {
+  if (input.dim() != 4) throw Error(ErrorKind::kInternal, "tta_views: expected [B, C, H, W]");
+  if (tta == Tta::kNone) return {input};
+  const torch::Tensor mirror = input.flip({3});
+  if (tta == Tta::kFlip) return {input, mirror};
+  if (input.size(2) != input.size(3)) {
+    throw Error(ErrorKind::kInternal, "tta_views: dihedral needs a square input");
+  }
+  std::vector<torch::Tensor> views = {input};
+  for (int64_t k = 1; k < 4; ++k) views.push_back(torch::rot90(input, k, {2, 3}));
+  views.push_back(mirror);
+  for (int64_t k = 1; k < 4; ++k) views.push_back(torch::rot90(mirror, k, {2, 3}));
+  return views;
+}
+
+torch::Tensor tta_log_probabilities(model::ResNet& net, const torch::Tensor& input,
+                                    const ModelSettings& settings, Tta tta) {
+  const std::vector<torch::Tensor> views = tta_views(input, tta);
+  std::vector<torch::Tensor> log_probs;
+  log_probs.reserve(views.size());
+  for (const torch::Tensor& view : views) {
+    // The memory format the model runs in (a flip or rotation of a channels_last tensor is not).
+    const torch::Tensor x = view.contiguous(settings.channels_last ? at::MemoryFormat::ChannelsLast
+                                                                   : at::MemoryFormat::Contiguous);
+    log_probs.push_back(torch::log_softmax(forward_logits(net, x, settings), 1));
+  }
+  if (log_probs.size() == 1) return log_probs.front();
+  return torch::logsumexp(torch::stack(log_probs), 0) -
+         std::log(static_cast<double>(log_probs.size()));
+}
+
 EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
-                    const ModelSettings& settings) {
+                    const ModelSettings& settings, Tta tta) {
   // Restores every module's own train/eval mode on every way out (so BatchNorm layers frozen by
   // set_batchnorm_eval stay frozen, and a DataError from the loader leaves the model as it was).
   struct ModeRestore {
@@ -78,8 +117,12 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
                         std::to_string(t[i]) + ", expected 0.." + std::to_string(num_classes - 1));
       }
     }
-    const torch::Tensor logits =
-        forward_logits(net, prepare_input(batch->images, settings), settings);
+    const torch::Tensor input = prepare_input(batch->images, settings);
+    // With TTA the "logits" are the log of the averaged softmax: cross_entropy's log_softmax
+    // leaves them as they are (they already sum to one in probability).
+    const torch::Tensor logits = tta == Tta::kNone
+                                     ? forward_logits(net, input, settings)
+                                     : tta_log_probabilities(net, input, settings, tta);
     if (logits.dim() != 2 || logits.size(1) != num_classes) {
       throw Error(ErrorKind::kInternal,
                   "evaluate: the model gives " + std::to_string(logits.size(-1)) +
