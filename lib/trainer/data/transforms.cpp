@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "trainer/util/error.h"
 
@@ -191,15 +192,216 @@ cv::Mat decode_bgr(const std::string& bytes, const std::string& origin, int redu
   return image;
 }
 
-Resize::Resize(int size_) : size(size_) {
+Interpolation parse_interpolation(const std::string& name, const std::string& field) {
+  if (name == "bilinear") return Interpolation::kBilinear;
+  if (name == "bicubic") return Interpolation::kBicubic;
+  throw ConfigError(field + ": expected one of bilinear|bicubic, got '" + name + "'");
+}
+
+Resize::Resize(int size_, Interpolation interpolation_)
+    : size(size_), interpolation(interpolation_) {
   if (size <= 0) internal("Resize: size must be >= 1, got " + std::to_string(size));
 }
 
 cv::Mat Resize::operator()(const cv::Mat& image) const {
   if (image.empty()) internal("Resize: empty image");
   cv::Mat out;
-  cv::resize(image, out, cv::Size(size, size), 0, 0, cv::INTER_LINEAR);
+  cv::resize(image, out, cv::Size(size, size), 0, 0,
+             interpolation == Interpolation::kBicubic ? cv::INTER_CUBIC : cv::INTER_LINEAR);
   return out;
+}
+
+namespace {
+
+// Pillow's Resample.c, 8 bits per channel: coefficients in fixed point with this many
+// fractional bits, sums started at one half, results shifted back and clamped.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+double bilinear_filter(double x) {
+  if (x < 0.0) x = -x;
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+double bicubic_filter(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+// One axis's taps: output pixel i reads `count[i]` inputs from `first[i]` with weights
+// k[i * ksize ...] (Pillow's precompute_coeffs and normalize_coeffs_8bpc).
+struct AxisCoeffs {
+  int ksize = 0;
+  std::vector<int> first, count;
+  std::vector<int32_t> k;
+};
+
+AxisCoeffs axis_coeffs(int in_size, double in0, double in1, int out_size,
+                       Interpolation interpolation) {
+  const bool cubic = interpolation == Interpolation::kBicubic;
+  const double filter_support = cubic ? 2.0 : 1.0;
+  const double scale = (in1 - in0) / out_size;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = filter_support * filterscale;
+  AxisCoeffs c;
+  c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  c.first.resize(out_size);
+  c.count.resize(out_size);
+  c.k.assign(static_cast<size_t>(out_size) * c.ksize, 0);
+  std::vector<double> w(c.ksize);
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = in0 + (xx + 0.5) * scale;
+    const double ss = 1.0 / filterscale;
+    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size) - xmin;
+    double ww = 0.0;
+    for (int x = 0; x < xmax; ++x) {
+      w[x] = cubic ? bicubic_filter((x + xmin - center + 0.5) * ss)
+                   : bilinear_filter((x + xmin - center + 0.5) * ss);
+      ww += w[x];
+    }
+    for (int x = 0; x < xmax; ++x) {
+      const double v = ww != 0.0 ? w[x] / ww : w[x];
+      c.k[static_cast<size_t>(xx) * c.ksize + x] = static_cast<int32_t>(
+          v < 0 ? -0.5 + v * (1 << kPrecisionBits) : 0.5 + v * (1 << kPrecisionBits));
+    }
+    c.first[xx] = xmin;
+    c.count[xx] = xmax;
+  }
+  return c;
+}
+
+inline uint8_t clip8(int32_t v) {
+  v >>= kPrecisionBits;  // arithmetic shift, as Pillow's lookup table index
+  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+}
+
+}  // namespace
+
+cv::Mat resize_antialiased(const cv::Mat& image, cv::Size size, Interpolation interpolation,
+                           cv::Rect2d box) {
+  if (image.empty() || image.type() != CV_8UC3) {
+    internal("resize_antialiased: expected a non-empty 8-bit 3-channel image");
+  }
+  if (size.width <= 0 || size.height <= 0) internal("resize_antialiased: empty output size");
+  if (box.width <= 0 || box.height <= 0) box = cv::Rect2d(0, 0, image.cols, image.rows);
+  if (box.x < 0 || box.y < 0 || box.x + box.width > image.cols || box.y + box.height > image.rows) {
+    internal("resize_antialiased: the box is not inside the image");
+  }
+  constexpr int kCh = 3;
+  const bool horizontal = size.width != image.cols || box.x != 0 || box.width != size.width;
+  const bool vertical = size.height != image.rows || box.y != 0 || box.height != size.height;
+  if (!horizontal && !vertical) return image.clone();
+  const AxisCoeffs ch =
+      axis_coeffs(image.cols, box.x, box.x + box.width, size.width, interpolation);
+  const AxisCoeffs cv_ =
+      axis_coeffs(image.rows, box.y, box.y + box.height, size.height, interpolation);
+  constexpr int32_t kHalf = int32_t{1} << (kPrecisionBits - 1);
+
+  // Horizontal pass over the rows the vertical pass reads (Pillow's ybox_first..ybox_last).
+  cv::Mat rows = image;
+  int row0 = 0;
+  if (horizontal) {
+    row0 = cv_.first.front();
+    const int row_end = cv_.first.back() + cv_.count.back();
+    cv::Mat tmp(row_end - row0, size.width, CV_8UC3);
+    for (int y = 0; y < tmp.rows; ++y) {
+      const uint8_t* in = image.ptr<uint8_t>(y + row0);
+      uint8_t* out = tmp.ptr<uint8_t>(y);
+      for (int xx = 0; xx < size.width; ++xx) {
+        const int32_t* k = &ch.k[static_cast<size_t>(xx) * ch.ksize];
+        const uint8_t* p = in + static_cast<ptrdiff_t>(ch.first[xx]) * kCh;
+        int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
+        for (int x = 0; x < ch.count[xx]; ++x, p += kCh) {
+          s0 += p[0] * k[x];
+          s1 += p[1] * k[x];
+          s2 += p[2] * k[x];
+        }
+        out[xx * kCh + 0] = clip8(s0);
+        out[xx * kCh + 1] = clip8(s1);
+        out[xx * kCh + 2] = clip8(s2);
+      }
+    }
+    rows = tmp;
+  }
+  if (!vertical) return rows;
+
+  // Vertical pass, a row of sums at a time (integer sums: the order does not matter).
+  cv::Mat out(size.height, rows.cols, CV_8UC3);
+  const int n = rows.cols * kCh;
+  std::vector<int32_t> sum(static_cast<size_t>(n));
+  for (int yy = 0; yy < size.height; ++yy) {
+    const int32_t* k = &cv_.k[static_cast<size_t>(yy) * cv_.ksize];
+    std::fill(sum.begin(), sum.end(), kHalf);
+    for (int y = 0; y < cv_.count[yy]; ++y) {
+      const uint8_t* in = rows.ptr<uint8_t>(cv_.first[yy] - row0 + y);
+      const int32_t w = k[y];
+      for (int i = 0; i < n; ++i) sum[i] += in[i] * w;
+    }
+    uint8_t* o = out.ptr<uint8_t>(yy);
+    for (int i = 0; i < n; ++i) o[i] = clip8(sum[i]);
+  }
+  return out;
+}
+
+ResizeShorterSide::ResizeShorterSide(int size_, Interpolation interpolation_)
+    : size(size_), interpolation(interpolation_) {
+  if (size <= 0) internal("ResizeShorterSide: size must be >= 1, got " + std::to_string(size));
+}
+
+cv::Size ResizeShorterSide::output_size(int width, int height) const {
+  const int shorter = std::min(width, height);
+  const int longer = std::max(width, height);
+  // Python's int(size * long / short): the quotient as a double, truncated.
+  const int new_long = static_cast<int>(static_cast<double>(int64_t{size} * longer) / shorter);
+  return width <= height ? cv::Size(size, new_long) : cv::Size(new_long, size);
+}
+
+cv::Mat ResizeShorterSide::operator()(const cv::Mat& image) const {
+  if (image.empty()) internal("ResizeShorterSide: empty image");
+  const cv::Size out = output_size(image.cols, image.rows);
+  if (out.width == image.cols && out.height == image.rows) return image;  // as torchvision
+  return resize_antialiased(image, out, interpolation);
+}
+
+cv::Mat ResizeShorterSide::operator()(const cv::Mat& reduced, int width, int height,
+                                      int reduction) const {
+  if (reduction == 1) return (*this)(reduced);
+  if (reduced.empty() || reduction < 1 || (width + reduction - 1) / reduction != reduced.cols ||
+      (height + reduction - 1) / reduction != reduced.rows) {
+    internal("ResizeShorterSide: the reduced image is not width x height / reduction");
+  }
+  // Reduced pixel i covers original pixels [i r, (i + 1) r): the original's extent is
+  // [0, width / r) there (the last reduced column may cover a partial block).
+  return resize_antialiased(reduced, output_size(width, height), interpolation,
+                            cv::Rect2d(0, 0, static_cast<double>(width) / reduction,
+                                       static_cast<double>(height) / reduction));
+}
+
+CenterCrop::CenterCrop(int size_) : size(size_) {
+  if (size <= 0) internal("CenterCrop: size must be >= 1, got " + std::to_string(size));
+}
+
+cv::Rect CenterCrop::window(int width, int height) const {
+  if (width < size || height < size) internal("CenterCrop::window: the image is smaller");
+  // int(round((side - size) / 2.0)): half to even, as std::nearbyint by default.
+  const int left = static_cast<int>(std::nearbyint((width - size) / 2.0));
+  const int top = static_cast<int>(std::nearbyint((height - size) / 2.0));
+  return cv::Rect(left, top, size, size);
+}
+
+cv::Mat CenterCrop::operator()(const cv::Mat& image) const {
+  if (image.empty()) internal("CenterCrop: empty image");
+  cv::Mat padded = image;
+  if (image.cols < size || image.rows < size) {
+    const int dw = std::max(size - image.cols, 0);
+    const int dh = std::max(size - image.rows, 0);
+    cv::copyMakeBorder(image, padded, dh / 2, (dh + 1) / 2, dw / 2, (dw + 1) / 2,
+                       cv::BORDER_CONSTANT, cv::Scalar::all(0));
+  }
+  return padded(window(padded.cols, padded.rows));
 }
 
 RandomResizedCrop::RandomResizedCrop(int size_, double scale_min_, double scale_max_,

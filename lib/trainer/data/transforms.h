@@ -47,9 +47,53 @@ bool jpeg_size(const std::string& bytes, int* width, int* height);
 // still has both sides >= min_side, else 1. Non-JPEG data: 1.
 int jpeg_reduction_for(const std::string& bytes, int min_side);
 
-// Resize to size x size, bilinear (cv::INTER_LINEAR, half-pixel centres as tf.image.resize).
+// The resampling filters data.interpolation names.
+enum class Interpolation { kBilinear, kBicubic };
+// "bilinear" | "bicubic"; anything else is a ConfigError naming `field`.
+Interpolation parse_interpolation(const std::string& name,
+                                  const std::string& field = "data.interpolation");
+
+// Resize to size x size (the whole image, aspect ratio not kept), half-pixel centres as
+// tf.image.resize and no antialiasing (tf.image.resize's default): bilinear = cv::INTER_LINEAR,
+// bicubic = cv::INTER_CUBIC.
 struct Resize {
-  explicit Resize(int size);
+  explicit Resize(int size, Interpolation interpolation = Interpolation::kBilinear);
+  cv::Mat operator()(const cv::Mat& image) const;
+  int size;
+  Interpolation interpolation;
+};
+
+// PIL's Image.resize (Pillow's Resample.c, as torchvision's Resize runs on PIL images): a
+// separable convolution, horizontal pass then vertical, whose filter (PIL's BILINEAR triangle or
+// BICUBIC a = -0.5) is widened by the scale factor when reducing, so a downscale is antialiased;
+// 8-bit fixed-point coefficients (22 fractional bits) and rounding as Pillow's, so the same
+// input pixels give Pillow's output pixels. Any 8-bit 3-channel image; channel order is kept.
+// `box` is the part of `image` resampled (Pillow's box argument, fractional pixel coordinates);
+// empty = the whole image.
+cv::Mat resize_antialiased(const cv::Mat& image, cv::Size size, Interpolation interpolation,
+                           cv::Rect2d box = {});
+
+// torchvision's Resize(size) with an int size: the shorter side to `size`, the longer to
+// int(size * long / short) (torchvision's truncation), resampled by resize_antialiased.
+struct ResizeShorterSide {
+  ResizeShorterSide(int size, Interpolation interpolation = Interpolation::kBilinear);
+  cv::Size output_size(int width, int height) const;
+  cv::Mat operator()(const cv::Mat& image) const;
+  // The same for an image of width x height decoded at 1/reduction scale (decode_bgr's
+  // reduction; its sides ceil(side / reduction)): the output size of the original, resampled from
+  // the reduced image's part that the original covers, so only the pixel values change.
+  cv::Mat operator()(const cv::Mat& reduced, int width, int height, int reduction) const;
+  int size;
+  Interpolation interpolation;
+};
+
+// torchvision's CenterCrop(size): the size x size window at left = round((width - size) / 2),
+// top = round((height - size) / 2), Python's round (half to even). A side smaller than `size` is
+// first padded with zeros as torchvision pads (the extra pixel, if odd, on the right/bottom).
+// The result may be a view into `image` (no copy).
+struct CenterCrop {
+  explicit CenterCrop(int size);
+  cv::Rect window(int width, int height) const;  // only for width, height >= size
   cv::Mat operator()(const cv::Mat& image) const;
   int size;
 };
