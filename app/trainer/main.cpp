@@ -28,8 +28,9 @@ namespace {
 
 using namespace trainer;
 
-const std::set<std::string> kSubcommands = {"train",   "make-dataset", "predict", "evaluate",
-                                            "inspect", "launch",       "convert", "export"};
+const std::set<std::string> kSubcommands = {"train",  "make-dataset", "predict", "evaluate",
+                                            "inspect", "launch",      "convert", "export",
+                                            "preview"};
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
   cmd->add_option("--set", *overrides,
@@ -131,6 +132,12 @@ int run(int argc, char** argv) {
                           "CSV manifests: the directory image paths are relative to (default: "
                           "the manifest's)");
   predict_cmd
+      ->add_option("--tta", predict_opts.tta,
+                   "Test-time augmentation: none, flip (the image and its mirror) or dihedral "
+                   "(its 8 flips and rotations by 90 degrees); the softmax averaged over them")
+      ->check(CLI::IsMember({"none", "flip", "dihedral"}))
+      ->capture_default_str();
+  predict_cmd
       ->add_option("images", predict_opts.images,
                    "Images, directories (searched recursively), globs, or .csv manifests")
       ->required();
@@ -169,6 +176,12 @@ int run(int argc, char** argv) {
   eval_cmd->add_option("--split", eval_opts.split, "validation | train")
       ->check(CLI::IsMember({"validation", "train"}))
       ->capture_default_str();
+  eval_cmd
+      ->add_option("--tta", eval_opts.tta,
+                   "Test-time augmentation: none, flip or dihedral (as predict's); the loss and "
+                   "accuracy of the softmax averaged over the views")
+      ->check(CLI::IsMember({"none", "flip", "dihedral"}))
+      ->capture_default_str();
   add_set_option(eval_cmd, &eval_opts.overrides);
 
   train::InspectOptions inspect_opts;
@@ -182,6 +195,30 @@ int run(int argc, char** argv) {
   add_set_option(inspect_cmd, &inspect_opts.overrides);
   std::string inspect_cluster;
   add_cluster_option(inspect_cmd, &inspect_cluster);
+
+  train::PreviewOptions preview_opts;
+  auto* preview_cmd = app.add_subcommand(
+      "preview",
+      "Write what the model is fed: a contact sheet, the input and target arrays, and every "
+      "augmentation parameter drawn");
+  preview_cmd->add_option("--config", preview_opts.config, "YAML job spec")
+      ->required()
+      ->check(CLI::ExistingFile);
+  add_set_option(preview_cmd, &preview_opts.overrides);
+  preview_cmd->add_option("--split", preview_opts.split, "train | validation")
+      ->check(CLI::IsMember({"train", "validation"}))
+      ->capture_default_str();
+  preview_cmd->add_option("--count", preview_opts.count, "Examples to show (1..1024)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  preview_cmd->add_option("--epoch", preview_opts.epoch, "The epoch whose order and draws to show")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  preview_cmd->add_option("--out", preview_opts.out, "Output directory")->required();
+  preview_cmd->footer(
+      "Example: trainer preview --config job.yaml --count 32 --out preview/\n"
+      "Writes preview.png, inputs.npy (float32 N x 3 x H x W), targets.npy (float32 N x classes)\n"
+      "and examples.jsonl (source, label, augmentation parameters, mixing) for each example.");
 
   launch::LaunchOptions launch_opts;
   auto* launch_cmd = app.add_subcommand(
@@ -262,6 +299,7 @@ int run(int argc, char** argv) {
   }
   if (*predict_cmd) return train::run_predict(predict_opts, std::cout);
   if (*eval_cmd) return train::run_evaluate(eval_opts, std::cout);
+  if (*preview_cmd) return train::run_preview(preview_opts, std::cout);
   if (*inspect_cmd) return train::run_inspect(inspect_opts, std::cout);
   if (*convert_cmd) return train::run_convert(convert_opts, std::cout);
   if (*export_cmd) return train::run_export(export_opts, std::cout);

@@ -943,7 +943,9 @@ cv::Mat Augmenter::operator()(cv::Mat image, Rng& rng, nlohmann::json* drawn) co
           policy_ == Policy::kTrivialAugmentWide ? draw_trivial_augment(h, w, rng)
           : policy_ == Policy::kRandAugment ? draw_rand_augment(num_ops_, magnitude_, h, w, rng)
                                             : draw_auto_augment(h, w, rng);
-      for (const OpDraw& op : ops) image = apply_op(image, op.op, op.magnitude, Interp::kNearest);
+      // torchvision's reference passes its --interpolation (bilinear by default) to the policy;
+      // the tensor ops have no bicubic, so bicubic resamples the policy's geometry bilinearly.
+      for (const OpDraw& op : ops) image = apply_op(image, op.op, op.magnitude, Interp::kBilinear);
       if (drawn) (*drawn)["policy"] = ops_json(ops);
       break;
     }

@@ -23,7 +23,8 @@
 
 namespace trainer::data::augment {
 
-// grid_sample's modes: torchvision's policies and RandomRotation default to nearest, AugMix to
+// grid_sample's modes. RandomRotation uses nearest (its default); the policies bilinear, as
+// torchvision's classification reference passes its --interpolation (bilinear) to them; AugMix
 // bilinear. Outside the image is 0 (torchvision's fill=None / fill=0).
 enum class Interp { kNearest, kBilinear };
 

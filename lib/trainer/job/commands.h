@@ -30,11 +30,27 @@ struct InspectOptions {
 };
 int run_inspect(const InspectOptions& options, std::ostream& out);
 
+// trainer preview: the first `count` examples of `split` in epoch `epoch` as the model receives
+// them, from the real loader and the real batch mixing: DIR/preview.png (a captioned contact
+// sheet), DIR/inputs.npy (float32 [N, 3, H, W], the model's input), DIR/targets.npy (float32
+// [N, classes], mixup/CutMix and label smoothing included), DIR/examples.jsonl (per example:
+// source, label, the augmentation drawn, the mixing).
+struct PreviewOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string split = "train";  // train | validation
+  int count = 16;
+  int64_t epoch = 0;
+  std::string out;
+};
+int run_preview(const PreviewOptions& options, std::ostream& out);
+
 struct EvaluateOptions {
   std::string model_dir;
   std::string config;
   std::string split = "validation";  // validation | train
   std::vector<std::string> overrides;
+  std::string tta = "none";  // test-time augmentation: none | flip | dihedral (loop/evaluate.h)
 };
 int run_evaluate(const EvaluateOptions& options, std::ostream& out);
 
@@ -44,6 +60,7 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out);
 // runs. Writes JSON lines (path, label, index, probabilities) or, with format csv, Kaggle's
 // `image_id,label` (file name, class index), to `out` (atomically, at the end) or else to the
 // stream as it goes. A progress line on a terminal, a summary with images/s in the log.
+// With tta, the probabilities (and so the label) are the softmax averaged over the views.
 struct PredictOptions {
   std::string model_dir;
   std::vector<std::string> images;
@@ -54,6 +71,7 @@ struct PredictOptions {
   bool overwrite = false;    // replace an existing `out`
   std::string image_column;  // manifests: the column of image paths ("" = guess)
   std::string image_root;    // manifests: what paths are relative to ("" = the manifest's dir)
+  std::string tta = "none";  // test-time augmentation: none | flip | dihedral (loop/evaluate.h)
 };
 int run_predict(const PredictOptions& options, std::ostream& out);
 
