@@ -230,3 +230,32 @@ TEST_CASE("trainer preview writes what the model is fed", "[recipe][preview]") {
     CHECK_FALSE(fs::exists(dir / "pv5"));
   }
 }
+
+TEST_CASE("the recipe configs are accepted by inspect and train end to end", "[recipe][configs]") {
+  TempDir dir("recipe_configs");
+  make_dataset(dir.path(), "data", 4, 48);  // 5 classes: cbb, cbsd, cgm, cmd, healthy
+  const fs::path configs = fs::path(TRAINER_SOURCE_DIR) / "configs";
+  // Each on the generated sample (the recipes' own data paths are not here), small and short.
+  const std::string here =
+      " --set data.train.format=imagefolder --set data.train.path=data/train"
+      " --set data.validation.format=imagefolder --set data.validation.path=data/validation"
+      " --set model.arch=resnet18 --set train.per_replica_batch_size=4 --set train.threads=1";
+  for (const std::string name : {"torchvision_resnet50.yaml", "cassava_kaggle.yaml"}) {
+    INFO(name);
+    const std::string config = " --config " + (configs / name).string();
+    const Result inspect = run_trainer(dir.path(), "inspect" + config + here);
+    INFO(inspect.err);
+    REQUIRE(inspect.code == 0);
+    const auto doc = nlohmann::json::parse(inspect.out);
+    CHECK(doc["job"]["train"]["ema"]["decay"].get<double>() > 0);
+    CHECK(doc["job"]["checkpoint"]["keep_best"] == "val_accuracy");
+    const Result train =
+        run_trainer(dir.path(), "train" + config + here + " --job-dir job_" + name +
+                                    " --set train.max_steps=2 --set data.image_size=32"
+                                    " --set data.eval_crop_size=32 --set data.eval_resize_size=auto"
+                                    " --set train.scale_lr=off");
+    INFO(train.err);
+    REQUIRE(train.code == 0);
+    CHECK(fs::exists(dir / ("job_" + name) / "model" / "model.json"));
+  }
+}
