@@ -369,7 +369,8 @@ TEST_CASE("field_reference lists every field with its default and doc", "[config
   CHECK_THAT(ref, Contains("(resnet18|resnet34|resnet50|resnet101|resnet152)"));
   CHECK_THAT(ref, StartsWith("model: "));
   CHECK_THAT(ref, Contains("\ntrain: "));
-  for (const auto& [path, value] : flatten(JobSpec{})) {
+  const JobSpec defaults;
+  for (const auto& [path, value] : flatten(defaults)) {
     INFO("field " << path);
     CHECK_THAT(ref, Contains("  " + path + " = "));
   }

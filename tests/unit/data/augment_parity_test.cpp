@@ -7,6 +7,8 @@
 // and, where it exists, /opt/trainer/venv-torch-2.11.0/bin/python (torchvision 0.26).
 #include "common/catch.h"
 
+#include "common/run_command.h"
+
 #include <sys/wait.h>
 
 #include <opencv2/imgproc.hpp>
@@ -64,22 +66,8 @@ void write_rgb(const std::string& path, const cv::Mat& bgr) {
   REQUIRE(f.good());
 }
 
-struct Run {
-  int rc = -1;
-  std::string output;
-};
-
-Run run_command(const std::string& command) {
-  Run run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using trainer::test_support::Run;
+using trainer::test_support::run_command;
 
 // Writes the input, our outputs and draws; returns the manifest's path.
 std::string write_cases(const TempDir& dir) {

@@ -6,6 +6,8 @@
 // place of the PIL-style resampler) are measured and printed, not checked, to show the choice.
 #include "common/catch.h"
 
+#include "common/run_command.h"
+
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
@@ -33,22 +35,8 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
-struct Run {
-  int rc = -1;
-  std::string output;
-};
-
-Run run_command(const std::string& command) {
-  Run r;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using trainer::test_support::Run;
+using trainer::test_support::run_command;
 
 std::vector<std::string> photos() {
   std::vector<std::string> out;

@@ -191,16 +191,7 @@ TEST_CASE("tta: parse, views, and the averaged softmax", "[evaluate][tta]") {
 TEST_CASE("evaluate with TTA: none is the plain evaluation, flip uses the averaged softmax",
           "[evaluate][tta]") {
   TempDir tmp;
-  trainer::synth::SyntheticOptions synth;
-  synth.out_dir = (tmp / "data").string();
-  synth.classes = 3;
-  synth.per_class = 2;
-  synth.image_size = 32;
-  synth.splits = {"train"};
-  trainer::synth::make_synthetic_dataset(synth);
-  trainer::data::SourceOptions source;
-  source.path = {(tmp / "data" / "train").string()};
-  const trainer::data::Listing listing = trainer::data::list_source(source, "data.train");
+  const trainer::data::Listing listing = trainer::train::testing::six_images(tmp);
   trainer::data::LoaderOptions options;
   options.preprocess.image_size = 32;
   options.batch_size = 4;

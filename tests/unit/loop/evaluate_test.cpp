@@ -70,16 +70,7 @@ TEST_CASE("EvalCounts of nothing is all zeros, not NaN", "[evaluate]") {
 TEST_CASE("evaluate counts every example of the loader and restores the model's mode",
           "[evaluate]") {
   TempDir tmp;
-  trainer::synth::SyntheticOptions synth;
-  synth.out_dir = (tmp / "data").string();
-  synth.classes = 3;
-  synth.per_class = 2;
-  synth.image_size = 32;
-  synth.splits = {"train"};
-  trainer::synth::make_synthetic_dataset(synth);
-  trainer::data::SourceOptions source;
-  source.path = {(tmp / "data" / "train").string()};
-  const trainer::data::Listing listing = trainer::data::list_source(source, "data.train");
+  const trainer::data::Listing listing = trainer::train::testing::six_images(tmp);
   REQUIRE(listing.examples.size() == 6);
 
   trainer::data::LoaderOptions options;

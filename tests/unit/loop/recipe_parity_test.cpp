@@ -6,6 +6,8 @@
 // (torch 2.11, torchvision 0.26).
 #include "common/catch.h"
 
+#include "common/run_command.h"
+
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -28,23 +30,6 @@ namespace {
 
 constexpr const char* kVenvPython = "/opt/trainer/venv-torch-2.11.0/bin/python";
 
-struct Run {
-  int rc = -1;
-  std::string out;
-};
-
-Run run(const std::string& command) {
-  Run r;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 // The Pythons to compare against: Debian's (required) and the pip venv's (when present).
 std::vector<std::string> pythons() {
   std::vector<std::string> out = {TRAINER_PYTHON};
@@ -59,12 +44,13 @@ std::vector<std::string> pythons() {
 
 nlohmann::json script(const std::string& python, const std::string& args) {
   const std::string path = std::string(TRAINER_SOURCE_DIR) + "/tests/parity/recipe_parity.py";
-  const Run r = run(python + " '" + path + "' " + args);
-  INFO(python << " " << args << "\n" << r.out);
+  const trainer::test_support::Run r =
+      trainer::test_support::run_command(python + " '" + path + "' " + args);
+  INFO(python << " " << args << "\n" << r.output);
   REQUIRE(r.rc == 0);
-  const size_t line = r.out.rfind('{');
+  const size_t line = r.output.rfind('{');
   REQUIRE(line != std::string::npos);
-  return nlohmann::json::parse(r.out.substr(line));
+  return nlohmann::json::parse(r.output.substr(line));
 }
 
 // Many cases in one interpreter start: each case is the argument list of one subcommand.
@@ -73,12 +59,13 @@ nlohmann::json batch(const std::string& python, const std::vector<std::vector<st
   const std::string file = (dir / "cases.json").string();
   std::ofstream(file) << nlohmann::json(cases).dump();
   const std::string path = std::string(TRAINER_SOURCE_DIR) + "/tests/parity/recipe_parity.py";
-  const Run r = run(python + " '" + path + "' batch --cases '" + file + "'");
-  INFO(python << "\n" << r.out);
+  const trainer::test_support::Run r =
+      trainer::test_support::run_command(python + " '" + path + "' batch --cases '" + file + "'");
+  INFO(python << "\n" << r.output);
   REQUIRE(r.rc == 0);
-  const size_t start = r.out.rfind("\n[");
+  const size_t start = r.output.rfind("\n[");
   const nlohmann::json out =
-      nlohmann::json::parse(start == std::string::npos ? r.out : r.out.substr(start + 1));
+      nlohmann::json::parse(start == std::string::npos ? r.output : r.output.substr(start + 1));
   REQUIRE(out.size() == cases.size());
   return out;
 }

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "trainer/config/job_spec.h"
+#include "trainer/data/source.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/synth/synthetic.h"
 
 namespace trainer::train::testing {
 
@@ -33,6 +35,20 @@ inline config::OptimizerSpec adam_spec(double learning_rate = 1e-3) {
 }
 
 using trainer::test_support::TempDir;  // tests/common/temp_dir.h
+
+// A listing of six generated 32x32 JPEGs in three classes under `tmp`/data/train.
+inline data::Listing six_images(const TempDir& tmp) {
+  synth::SyntheticOptions synth;
+  synth.out_dir = (tmp.path() / "data").string();
+  synth.classes = 3;
+  synth.per_class = 2;
+  synth.image_size = 32;
+  synth.splits = {"train"};
+  synth::make_synthetic_dataset(synth);
+  data::SourceOptions source;
+  source.path = {(tmp.path() / "data" / "train").string()};
+  return data::list_source(source, "data.train");
+}
 
 inline std::string read_bytes(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);

@@ -2,6 +2,8 @@
 // message of a call. Header-only; not thread-safe (tests run sequentially).
 #pragma once
 
+#include "common/run_command.h"
+
 #include "common/temp_dir.h"
 
 #include <sys/wait.h>
@@ -62,23 +64,8 @@ inline const torch::Tensor& find(const StateDict& sd, const std::string& name) {
   return none;
 }
 
-struct Run {
-  int rc = -1;
-  std::string output;
-};
-
-// Runs a shell command, returning its exit status and its stdout+stderr.
-inline Run run_command(const std::string& command) {
-  Run run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using trainer::test_support::Run;
+using trainer::test_support::run_command;
 
 inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
