@@ -17,8 +17,8 @@ TEST_CASE("every subcommand has --help", "[cli]") {
   TempDir dir("help");
   const Result top = run_trainer(dir.path(), "--help");
   REQUIRE(top.code == 0);
-  for (const char* sub :
-       {"train", "make-dataset", "predict", "evaluate", "inspect", "convert", "export"}) {
+  for (const char* sub : {"train", "make-dataset", "predict", "evaluate", "inspect", "convert",
+                          "export", "preview"}) {
     CHECK_THAT(top.out, Contains(sub));
     const Result r = run_trainer(dir.path(), std::string(sub) + " --help");
     INFO(sub << ": " << r.err);

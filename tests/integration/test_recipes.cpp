@@ -79,6 +79,24 @@ TEST_CASE("every recipe option on: a resumed job ends bit-identical", "[resume][
   }
   CHECK(ema_metrics);
 
+  SECTION("a damaged recipe state is a data error naming the file, and nothing is lost") {
+    const Result again =
+        run_trainer(dir.path(), common + " --job-dir damaged --set train.max_steps=4");
+    REQUIRE(again.code == 0);
+    fs::path ckpt;
+    for (const auto& e : fs::directory_iterator(dir / "damaged" / "checkpoints")) {
+      if (ckpt.empty() || e.path().filename() > ckpt.filename()) ckpt = e.path();
+    }
+    auto state = nlohmann::json::parse(slurp(ckpt / "state.json"));
+    state["recipe"]["ema_count"] = "many";
+    write_text(ckpt / "state.json", state.dump());
+    const Result resumed = run_trainer(dir.path(), common + " --job-dir damaged");
+    CHECK(resumed.code == 3);
+    CHECK_THAT(resumed.err, Contains((ckpt.filename() / "state.json").string()));
+    CHECK_THAT(resumed.err, Contains("ema_count"));
+    CHECK(fs::exists(ckpt / "model.safetensors"));
+  }
+
   SECTION("export.weights: raw exports the trained weights") {
     const Result raw = run_trainer(dir.path(), common + " --job-dir raw --set export.weights=raw");
     INFO(raw.err);
@@ -239,7 +257,8 @@ TEST_CASE("the recipe configs are accepted by inspect and train end to end", "[r
   const std::string here =
       " --set data.train.format=imagefolder --set data.train.path=data/train"
       " --set data.validation.format=imagefolder --set data.validation.path=data/validation"
-      " --set model.arch=resnet18 --set train.per_replica_batch_size=4 --set train.threads=1";
+      " --set model.arch=resnet18 --set train.per_replica_batch_size=4 --set train.threads=1"
+      " --set train.ema.every_steps=1";
   for (const std::string name : {"torchvision_resnet50.yaml", "cassava_kaggle.yaml"}) {
     INFO(name);
     const std::string config = " --config " + (configs / name).string();

@@ -241,8 +241,9 @@ std::string class_weights_problem(const std::vector<std::string>& weights) {
   bool any = false;
   for (size_t i = 0; i < weights.size(); ++i) {
     double w = 0;
-    if (!parse_scalar(weights[i], w, number) || w < 0) {
-      return "expected none, balanced or a list of numbers >= 0, got " + in_quotes(weights[i]) +
+    if (!parse_scalar(weights[i], w, number) || w < 0 || w > 1e6) {
+      return "expected none, balanced or a list of numbers in [0, 1e6], got " +
+             in_quotes(weights[i]) +
              (weights.size() > 1 ? " at index " + std::to_string(i) : std::string());
     }
     any = any || w > 0;

@@ -329,7 +329,8 @@ std::vector<int64_t> worker_epoch_order(const ShardPlan& plan, int64_t num_examp
 }
 
 std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, uint64_t seed,
-                                          int64_t epoch, int worker, int num_workers) {
+                                          int64_t epoch, int worker, int num_workers,
+                                          int64_t draws_per_worker) {
   check_rank("balanced_epoch_order", worker, num_workers);
   std::map<int64_t, int64_t> counts;
   for (const int64_t l : labels) {
@@ -349,7 +350,11 @@ std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, ui
   }
   Rng rng(util::mix_seed(seed, {static_cast<uint64_t>(epoch), kBalancedStream}));
   std::vector<int64_t> mine;
-  for (size_t draw = 0; draw < labels.size(); ++draw) {
+  if (labels.empty() || draws_per_worker < 0) {
+    throw Error(ErrorKind::kInternal, "balanced_epoch_order: no labels or a negative count");
+  }
+  const auto draws = static_cast<size_t>(draws_per_worker) * static_cast<size_t>(num_workers);
+  for (size_t draw = 0; draw < draws; ++draw) {
     const double u = uniform01(rng) * total;
     auto it = std::upper_bound(cumulative.begin(), cumulative.end(), u);
     if (it == cumulative.end()) --it;

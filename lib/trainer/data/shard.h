@@ -96,13 +96,15 @@ std::vector<int64_t> worker_epoch_order(const ShardPlan& plan, int64_t num_examp
                                         int64_t epoch, bool shuffle, int worker, int num_workers);
 inline constexpr uint64_t kFileShuffleStream = 0x66696c6573686172ULL;  // "fileshar"
 
-// data.sampler: balanced: epoch `epoch`'s global order of labels.size() draws with replacement,
-// example i drawn with probability proportional to 1 / (the number of examples of its label)
-// (torch's WeightedRandomSampler with those weights: each class equally likely), from
-// mix_seed(seed, {epoch, kBalancedStream}); worker w of N takes positions w, w+N, ... The same
-// on every rank for a seed, whatever the thread count. Labels must be >= 0 (listed).
+// data.sampler: balanced: epoch `epoch`'s global order of draws_per_worker x num_workers draws
+// with replacement, example i drawn with probability proportional to 1 / (the number of examples
+// of its label) (torch's WeightedRandomSampler with those weights: each class equally likely),
+// from mix_seed(seed, {epoch, kBalancedStream}); worker w of N takes positions w, w+N, ...: exactly
+// draws_per_worker each (the lock-step steps x the batch), so every rank runs the same steps. The
+// same on every rank for a seed, whatever the thread count. Labels must be >= 0 (listed).
 std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, uint64_t seed,
-                                          int64_t epoch, int worker, int num_workers);
+                                          int64_t epoch, int worker, int num_workers,
+                                          int64_t draws_per_worker);
 inline constexpr uint64_t kBalancedStream = 0x62616c616e636564ULL;  // "balanced"
 
 // Distributed exact evaluation: positions worker, worker+N, ... of 0..num_examples-1. Across the

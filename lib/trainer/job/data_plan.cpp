@@ -59,8 +59,9 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
                         ": give the weights as a list [w0, w1, ...]");
     }
   }
-  if (spec.train.class_weights.size() > 1 &&
-      static_cast<int64_t>(spec.train.class_weights.size()) != plan.num_classes) {
+  const bool weights_listed = spec.train.class_weights != std::vector<std::string>{"none"} &&
+                              spec.train.class_weights != std::vector<std::string>{"balanced"};
+  if (weights_listed && static_cast<int64_t>(spec.train.class_weights.size()) != plan.num_classes) {
     throw ConfigError("train.class_weights: " + std::to_string(spec.train.class_weights.size()) +
                       " weights, but " + plan.train.origin + " has " +
                       std::to_string(plan.num_classes) + " classes (one weight per class)");
@@ -79,6 +80,15 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
                                          plan.shard.examples_per_worker.end())) +
         " examples of the smallest worker's share of " + plan.train.origin +
         " (every step needs a full batch on every worker; " + plan.shard.reason + ")");
+  }
+  // train.ema: an update period longer than an epoch would leave the average at the first batch
+  // of each epoch (torchvision counts the period within an epoch).
+  if (spec.train.ema.decay > 0 && spec.train.ema.every_steps > plan.steps_per_epoch) {
+    throw ConfigError("train.ema.every_steps: " + std::to_string(spec.train.ema.every_steps) +
+                      " is more than the " + std::to_string(plan.steps_per_epoch) +
+                      " steps of an epoch (the average is updated every N batches of an epoch); "
+                      "use at most " +
+                      std::to_string(plan.steps_per_epoch));
   }
   return plan;
 }
@@ -136,8 +146,9 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
     std::vector<int64_t> labels;
     for (const auto& e : plan.train.examples) labels.push_back(e.label);
     o.order = [labels = std::move(labels), seed = o.seed, worker = plan.worker,
-               workers = plan.num_workers](int64_t epoch) {
-      return data::balanced_epoch_order(labels, seed, epoch, worker, workers);
+               workers = plan.num_workers,
+               draws = plan.steps_per_epoch * train.per_replica_batch_size](int64_t epoch) {
+      return data::balanced_epoch_order(labels, seed, epoch, worker, workers, draws);
     };
   } else if (plan.num_workers > 1) {
     const auto n = static_cast<int64_t>(plan.train.examples.size());

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
+#include <climits>
 #include <functional>
 #include <memory>
 
@@ -23,6 +24,7 @@
 #include "trainer/model/resnet.h"
 #include "trainer/util/device.h"
 #include "trainer/util/error.h"
+#include "trainer/util/json.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
@@ -134,15 +136,16 @@ class ChiefWrites {
     return stepper_.net();
   }
 
+  // The chief's summary names the model dir (its `model:` line); the others' stays empty.
   void export_model(TrainSummary* summary) {
     export_to(ctx_.job_dir.model_dir(), "at the end", "exporting the model", summary);
-    summary->model_dir = ctx_.job_dir.model_dir();
   }
 
   // checkpoint.keep_best: the best epoch's model beside the last, in JOB_DIR/model_best.
   void export_best(TrainSummary* summary, int64_t epoch) {
+    TrainSummary scratch = *summary;  // not the job's model dir
     export_to(ctx_.job_dir.model_best_dir(), fmt::format("at the best epoch ({})", epoch + 1),
-              "writing the best model", summary);
+              "writing the best model", &scratch);
   }
 
  private:
@@ -171,6 +174,7 @@ class ChiefWrites {
       onnx.include_preprocessing = spec_.export_.onnx_preprocessing;
       onnx.opset = spec_.export_.onnx_opset;
       train::export_model(out_dir, exported_net(), info, spec_.export_.onnx ? &onnx : nullptr);
+      summary->model_dir = out_dir;
     });
   }
 
@@ -285,9 +289,16 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
   const config::LrScheduleSpec& sched = spec.train.lr_schedule;
   ReduceOnPlateau plateau(metric_is_maximised(sched.metric), sched.factor, sched.patience,
                           sched.min_lr, base_lr);
+  // Each decision's state with the metric it watched: a job resumed with another metric (they
+  // may change between runs) starts that decision afresh rather than compare unlike values.
+  const auto with_metric = [](nlohmann::json state, const std::string& metric) {
+    state["metric"] = metric;
+    return state;
+  };
   const auto recipe_state = [&] {
-    nlohmann::json j = {
-        {"best", best.state()}, {"early_stopping", early.state()}, {"plateau", plateau.state()}};
+    nlohmann::json j = {{"best", with_metric(best.state(), best_metric)},
+                        {"early_stopping", with_metric(early.state(), early_spec.metric)},
+                        {"plateau", with_metric(plateau.state(), sched.metric)}};
     if (ema) j["ema_count"] = ema->count();
     return j;
   };
@@ -303,17 +314,35 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     pos = ctx.resume->position;
     const std::string where = "'" + (ctx.resume->dir / "state.json").string() + "': recipe";
     const nlohmann::json& recipe = ctx.resume->recipe;
+    if (!recipe.is_null() && !recipe.is_object()) throw DataError(where + ": not an object");
+    const auto part = [&](const char* key) -> const nlohmann::json& {
+      if (!recipe.contains(key)) throw DataError(where + ": no '" + key + "'");
+      return recipe.at(key);
+    };
+    // Restores a decision's state when it watched the same metric.
+    const auto same_metric = [&](const char* key, const std::string& metric) {
+      const nlohmann::json& state = part(key);
+      if (state.is_object() && state.value("metric", std::string()) == metric) return true;
+      spdlog::info("{}: the checkpoint's state watched another metric; {} starts afresh", key,
+                   metric);
+      return false;
+    };
     if (recipe.is_object()) {
-      best.restore(recipe.at("best"), where + ".best");
-      early.restore(recipe.at("early_stopping"), where + ".early_stopping");
-      plateau.restore(recipe.at("plateau"), where + ".plateau");
+      if (same_metric("best", best_metric)) best.restore(part("best"), where + ".best");
+      if (same_metric("early_stopping", early_spec.metric)) {
+        early.restore(part("early_stopping"), where + ".early_stopping");
+      }
+      if (sched.name == "plateau" && same_metric("plateau", sched.metric)) {
+        plateau.restore(part("plateau"), where + ".plateau");
+      }
     }
     if (ema) {
       if (!ctx.resume->has_ema || !recipe.is_object() || !recipe.contains("ema_count")) {
         throw DataError("'" + ctx.resume->dir.string() +
                         "': holds no EMA weights (ema.safetensors), but train.ema.decay is set");
       }
-      ema->restore(load_checkpoint_ema(*ctx.resume), recipe.at("ema_count").get<int64_t>(),
+      ema->restore(load_checkpoint_ema(*ctx.resume),
+                   util::json_int(recipe, "ema_count", 0, INT64_MAX, where),
                    (ctx.resume->dir / "ema.safetensors").string());
     }
     spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),

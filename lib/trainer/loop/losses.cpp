@@ -55,16 +55,21 @@ torch::Tensor training_loss(const torch::Tensor& logits, const torch::Tensor& ta
   }
   // Computed in float32 whatever autocast chose for the logits (as autocast runs cross_entropy).
   const torch::Tensor x = logits.to(torch::kFloat32);
-  const torch::Tensor t = soft_targets(target, classes, o.label_smoothing, x);
+  const bool bi_tempered = o.kind == "bi_tempered";
+  torch::Tensor t = soft_targets(target, classes, bi_tempered ? 0.0 : o.label_smoothing, x);
+  if (bi_tempered && o.label_smoothing > 0 && classes > 1) {  // the reference's smoothing
+    const double c = static_cast<double>(classes);
+    t = t * (1.0 - o.label_smoothing * c / (c - 1.0)) + o.label_smoothing / (c - 1.0);
+  }
   const torch::Tensor w = o.class_weights.defined()
                               ? o.class_weights.to(x.scalar_type()).view({1, classes})
                               : torch::ones({1, classes}, x.options());
   if (o.kind == "focal") {
     const torch::Tensor logp = x.log_softmax(1);
-    const torch::Tensor focus = (1.0 - logp.exp()).pow(o.focal_gamma);
+    const torch::Tensor focus = (1.0 - logp.exp()).clamp_min(1e-6).pow(o.focal_gamma);
     return -(w * t * focus * logp).sum(1).mean();
   }
-  if (o.kind == "bi_tempered") {
+  if (bi_tempered) {
     const torch::Tensor p = tempered_softmax(x, o.t2);
     const double e = 2.0 - o.t1;
     const torch::Tensor values =
@@ -72,6 +77,14 @@ torch::Tensor training_loss(const torch::Tensor& logits, const torch::Tensor& ta
     return (w * values).sum(1).mean();
   }
   throw Error(ErrorKind::kInternal, "training_loss: unknown loss '" + o.kind + "'");
+}
+
+torch::Tensor weighted_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& labels,
+                                         const LossOptions& o) {
+  auto options =
+      F::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing).reduction(torch::kSum);
+  if (o.class_weights.defined()) options.weight(o.class_weights);
+  return F::cross_entropy(logits, labels, options);
 }
 
 std::vector<double> class_weights(const std::vector<std::string>& field, int64_t num_classes,

@@ -44,10 +44,13 @@ MixDraw draw_mix(const MixOptions& o, int64_t height, int64_t width, uint64_t se
   return d;
 }
 
-Mixed apply_mix(const torch::Tensor& images, const torch::Tensor& labels, int64_t num_classes,
-                const MixDraw& d) {
-  if (images.dim() != 4 || labels.dim() != 1 || labels.size(0) != images.size(0)) {
-    throw Error(ErrorKind::kInternal, "apply_mix: expected [B, C, H, W] images and [B] labels");
+Mixed apply_mix_rows(const torch::Tensor& images, const torch::Tensor& partners,
+                     const torch::Tensor& labels, const torch::Tensor& partner_labels,
+                     int64_t num_classes, const MixDraw& d) {
+  if (images.dim() != 4 || labels.dim() != 1 || labels.size(0) != images.size(0) ||
+      partners.sizes() != images.sizes() || partner_labels.sizes() != labels.sizes()) {
+    throw Error(ErrorKind::kInternal,
+                "apply_mix: expected [B, C, H, W] images and [B] labels, and partners alike");
   }
   Mixed out;
   out.targets = torch::nn::functional::one_hot(labels, num_classes).to(torch::kFloat32);
@@ -55,18 +58,26 @@ Mixed apply_mix(const torch::Tensor& images, const torch::Tensor& labels, int64_
     out.images = images;
     return out;
   }
-  const torch::Tensor targets_rolled = out.targets.roll(1, 0);
-  out.targets = targets_rolled * (1.0 - d.lambda) + out.targets * d.lambda;
-  const torch::Tensor rolled = images.roll(1, 0);
+  const torch::Tensor partner_targets =
+      torch::nn::functional::one_hot(partner_labels, num_classes).to(torch::kFloat32);
+  out.targets = partner_targets * (1.0 - d.lambda) + out.targets * d.lambda;
   if (d.kind == "mixup") {
-    out.images = rolled * (1.0 - d.lambda) + images * d.lambda;
+    out.images = partners * (1.0 - d.lambda) + images * d.lambda;
     return out;
   }
   out.images = images.clone(images.suggest_memory_format());
   using torch::indexing::Slice;
   out.images.index_put_({Slice(), Slice(), Slice(d.y1, d.y2), Slice(d.x1, d.x2)},
-                        rolled.index({Slice(), Slice(), Slice(d.y1, d.y2), Slice(d.x1, d.x2)}));
+                        partners.index({Slice(), Slice(), Slice(d.y1, d.y2), Slice(d.x1, d.x2)}));
   return out;
+}
+
+Mixed apply_mix(const torch::Tensor& images, const torch::Tensor& labels, int64_t num_classes,
+                const MixDraw& d) {
+  if (images.dim() != 4 || labels.dim() != 1) {
+    throw Error(ErrorKind::kInternal, "apply_mix: expected [B, C, H, W] images and [B] labels");
+  }
+  return apply_mix_rows(images, images.roll(1, 0), labels, labels.roll(1, 0), num_classes, d);
 }
 
 }  // namespace trainer::train

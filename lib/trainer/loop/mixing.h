@@ -41,9 +41,17 @@ struct Mixed {
   torch::Tensor targets;  // [B, classes] float32
 };
 
-// Applies `draw` to float images [B, C, H, W] and int64 labels [B] (one-hot over num_classes).
-// kind none returns the images untouched and the one-hot targets.
+// Applies `draw` to float images [B, C, H, W] and int64 labels [B] (one-hot over num_classes),
+// each example mixed with the one before it (the batch rolled by one). kind none returns the
+// images untouched and the one-hot targets.
 Mixed apply_mix(const torch::Tensor& images, const torch::Tensor& labels, int64_t num_classes,
                 const MixDraw& draw);
+
+// The same for some rows of a batch: `images`/`labels` are the rows, `partners`/`partner_labels`
+// the rows before each of them in the whole batch (apply_mix of a batch equals apply_mix_rows of
+// any split of it with those partners: the step mixes micro-batch by micro-batch).
+Mixed apply_mix_rows(const torch::Tensor& images, const torch::Tensor& partners,
+                     const torch::Tensor& labels, const torch::Tensor& partner_labels,
+                     int64_t num_classes, const MixDraw& draw);
 
 }  // namespace trainer::train

@@ -106,31 +106,55 @@ StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed)
   if (r.examples > 0) {
     const int64_t micro =
         spec_.train.micro_batch_size > 0 ? spec_.train.micro_batch_size : r.examples;
-    // Mixup/CutMix mix the whole replica batch (then split into micro-batches); the loss takes
-    // the mixed soft targets, the hits count the argmax of the target.
-    Mixed mixed;
-    if (mix_.enabled()) {
-      const torch::Tensor images = prepare_input(batch.images, settings_);
-      const MixDraw draw = draw_mix(mix_, images.size(2), images.size(3), mix_seed);
-      mixed = apply_mix(images, prepare_labels(batch.labels, settings_),
-                        net_->options().num_classes, draw);
+    // Mixup/CutMix: one draw for the replica batch, each example mixed with the one before it
+    // in the batch, micro-batch by micro-batch (only the rows at hand and their partners are
+    // made float); the loss takes the mixed soft targets, the hits count their argmax.
+    const MixDraw draw = mix_.enabled()
+                             ? draw_mix(mix_, batch.images.size(1), batch.images.size(2), mix_seed)
+                             : MixDraw{};
+    const bool mixing = draw.kind != "none";
+    const torch::Tensor images =
+        mixing ? batch.images.to(settings_.device, /*non_blocking=*/true) : batch.images;
+    const torch::Tensor all_labels =
+        mixing ? prepare_labels(batch.labels, settings_) : batch.labels;
+    // Class-weighted cross-entropy over hard labels: PyTorch divides by the summed weight of the
+    // batch's labels, so each micro-batch's sum is divided by the whole replica batch's.
+    const bool weighted_hard =
+        !mixing && loss_.kind == "cross_entropy" && loss_.class_weights.defined();
+    torch::Tensor weight_total;
+    if (weighted_hard) {
+      weight_total = loss_.class_weights.index_select(0, prepare_labels(batch.labels, settings_))
+                         .sum()
+                         .clamp_min(1e-12);  // all-zero weights: a zero loss, not 0 / 0
     }
     for (int64_t start = 0; start < r.examples; start += micro) {
       const int64_t len = std::min(micro, r.examples - start);
       const bool last = start + len >= r.examples;
       sync_->set_accumulating(!last);
-      const torch::Tensor target =
-          mixed.images.defined() ? mixed.targets.narrow(0, start, len)
-                                 : prepare_labels(batch.labels.narrow(0, start, len), settings_);
+      torch::Tensor input = prepare_input(images.narrow(0, start, len), settings_);
+      torch::Tensor target = prepare_labels(all_labels.narrow(0, start, len), settings_);
+      if (mixing) {
+        const torch::Tensor rows =
+            ((torch::arange(start, start + len, torch::kInt64) + (r.examples - 1)) % r.examples)
+                .to(images.device());
+        const Mixed m =
+            apply_mix_rows(input, prepare_input(images.index_select(0, rows), settings_), target,
+                           all_labels.index_select(0, rows), net_->options().num_classes, draw);
+        input = m.images;
+        target = m.targets;
+      }
       const torch::Tensor labels = target.dim() == 2 ? target.argmax(1) : target;
-      const torch::Tensor input =
-          mixed.images.defined() ? mixed.images.narrow(0, start, len)
-                                 : prepare_input(batch.images.narrow(0, start, len), settings_);
       const torch::Tensor logits = forward_logits(net_, input, settings_);
-      const torch::Tensor loss = training_loss(logits, target, loss_);
-      // Each micro-batch's mean weighted by its share: the gradients add up to the batch's.
-      scaler_.scale_loss(len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples))
-          .backward();
+      torch::Tensor loss;   // this micro-batch's mean loss (metrics)
+      torch::Tensor share;  // its part of the batch's loss: the parts add up to the batch's
+      if (weighted_hard) {
+        share = weighted_cross_entropy_sum(logits, target, loss_) / weight_total;
+        loss = share * (static_cast<double>(r.examples) / len);
+      } else {
+        loss = training_loss(logits, target, loss_);
+        share = len == r.examples ? loss : loss * (static_cast<double>(len) / r.examples);
+      }
+      scaler_.scale_loss(share).backward();
       torch::NoGradGuard no_grad;
       const torch::Tensor loss_part = loss.detach().to(torch::kDouble) * static_cast<double>(len);
       const torch::Tensor hits = logits.argmax(1).eq(labels).sum();

@@ -43,6 +43,7 @@ ReduceOnPlateau::ReduceOnPlateau(bool maximize, double factor, int patience, dou
       factor_(factor),
       patience_(patience),
       min_lr_(min_lr),
+      base_(lr),
       lr_(lr),
       best_(maximize ? -kInf : kInf) {}
 
@@ -67,11 +68,13 @@ bool ReduceOnPlateau::step(double metric) {
 }
 
 nlohmann::json ReduceOnPlateau::state() const {
-  return {{"lr", lr_}, {"best", number(best_)}, {"bad_epochs", bad_epochs_}};
+  return {{"lr_scale", lr_ / base_}, {"best", number(best_)}, {"bad_epochs", bad_epochs_}};
 }
 
 void ReduceOnPlateau::restore(const nlohmann::json& state, const std::string& origin) {
-  lr_ = read_number(state, "lr", 0, origin);
+  const double scale = read_number(state, "lr_scale", 0, origin);
+  if (!(scale > 0 && scale <= 1)) throw DataError(origin + ": 'lr_scale' is not in (0, 1]");
+  lr_ = base_ * scale;
   best_ = read_number(state, "best", maximize_ ? -kInf : kInf, origin);
   bad_epochs_ = read_count(state, "bad_epochs", origin);
 }
@@ -116,7 +119,11 @@ nlohmann::json BestTracker::state() const {
 
 void BestTracker::restore(const nlohmann::json& state, const std::string& origin) {
   best_ = read_number(state, "best", maximize_ ? -kInf : kInf, origin);
-  best_epoch_ = static_cast<int64_t>(read_number(state, "epoch", -1, origin));
+  const double epoch = read_number(state, "epoch", -1, origin);
+  if (!(epoch >= -1 && epoch <= 1e15 && epoch == std::floor(epoch))) {
+    throw DataError(origin + ": 'epoch' is not an epoch number");
+  }
+  best_epoch_ = static_cast<int64_t>(epoch);
 }
 
 }  // namespace trainer::train

@@ -22,6 +22,9 @@ bool metric_is_maximised(const std::string& metric);
 
 class ReduceOnPlateau {
  public:
+  // `lr`: the base rate it starts from. Its state holds the rate as a multiple of the base, so a
+  // job resumed with another base (scale_lr: linear on another number of workers) keeps the
+  // reductions, not the old absolute rate.
   ReduceOnPlateau(bool maximize, double factor, int patience, double min_lr, double lr);
   // After an epoch: the metric; returns true when the rate was reduced.
   bool step(double metric);
@@ -35,6 +38,7 @@ class ReduceOnPlateau {
   double factor_;
   int patience_;
   double min_lr_;
+  double base_;
   double lr_;
   double best_;
   int64_t bad_epochs_ = 0;

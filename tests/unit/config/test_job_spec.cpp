@@ -553,8 +553,8 @@ const std::vector<Bad> kBad = {
      "train:\n  class_weights: [1, -2, 1]\n",
      {},
      false,
-     {"job.yaml:2: train.class_weights: expected none, balanced or a list of numbers >= 0, got "
-      "'-2' at index 1"}},
+     {"job.yaml:2: train.class_weights: expected none, balanced or a list of numbers in [0, 1e6], "
+      "got '-2' at index 1"}},
     {"all-zero class weights",
      "train:\n  class_weights: [0, 0]\n",
      {},
@@ -564,7 +564,8 @@ const std::vector<Bad> kBad = {
      "",
      {"train.class_weights=inverse"},
      false,
-     {"train.class_weights: expected none, balanced or a list of numbers >= 0, got 'inverse'"}},
+     {"train.class_weights: expected none, balanced or a list of numbers in [0, 1e6], got "
+      "'inverse'"}},
     {"bad norm weight decay",
      "train:\n  optimizer:\n    norm_weight_decay: lots\n",
      {},

@@ -17,7 +17,7 @@ TEST_CASE("balanced sampler draws each class about equally often", "[sampler]") 
   std::map<int64_t, int64_t> drawn;
   int64_t total = 0;
   for (int64_t epoch = 0; epoch < 10; ++epoch) {
-    for (const int64_t i : data::balanced_epoch_order(labels, 5, epoch, 0, 1)) {
+    for (const int64_t i : data::balanced_epoch_order(labels, 5, epoch, 0, 1, 1000)) {
       REQUIRE(i >= 0);
       REQUIRE(i < static_cast<int64_t>(labels.size()));
       ++drawn[labels[static_cast<size_t>(i)]];
@@ -35,14 +35,17 @@ TEST_CASE("balanced sampler draws each class about equally often", "[sampler]") 
 TEST_CASE("balanced sampler: reproducible, epochs differ, workers split one global draw",
           "[sampler]") {
   std::vector<int64_t> labels = {0, 0, 0, 1, 2, 2, 1, 0, 0, 0, 0};
-  const auto a = data::balanced_epoch_order(labels, 9, 0, 0, 1);
-  CHECK(a == data::balanced_epoch_order(labels, 9, 0, 0, 1));
-  CHECK(a != data::balanced_epoch_order(labels, 9, 1, 0, 1));
-  CHECK(a != data::balanced_epoch_order(labels, 10, 0, 0, 1));
-  const auto w0 = data::balanced_epoch_order(labels, 9, 0, 0, 2);
-  const auto w1 = data::balanced_epoch_order(labels, 9, 0, 1, 2);
-  REQUIRE(w0.size() == 6);
+  const auto a = data::balanced_epoch_order(labels, 9, 0, 0, 1, 10);
+  CHECK(a.size() == 10);
+  CHECK(a == data::balanced_epoch_order(labels, 9, 0, 0, 1, 10));
+  CHECK(a != data::balanced_epoch_order(labels, 9, 1, 0, 1, 10));
+  CHECK(a != data::balanced_epoch_order(labels, 10, 0, 0, 1, 10));
+  // Two workers take alternate positions of one global draw, exactly their count each (the
+  // lock-step steps x the batch), so no rank runs out of batches before another.
+  const auto w0 = data::balanced_epoch_order(labels, 9, 0, 0, 2, 5);
+  const auto w1 = data::balanced_epoch_order(labels, 9, 0, 1, 2, 5);
+  REQUIRE(w0.size() == 5);
   REQUIRE(w1.size() == 5);
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == (i % 2 == 0 ? w0[i / 2] : w1[i / 2]));
-  CHECK_THROWS_AS(data::balanced_epoch_order({0, -1}, 1, 0, 0, 1), Error);
+  CHECK_THROWS_AS(data::balanced_epoch_order({0, -1}, 1, 0, 0, 1, 2), Error);
 }

@@ -50,12 +50,15 @@ TEST_CASE("bi-tempered loss with t1 = t2 = 1 is cross-entropy", "[recipe]") {
     if (smoothing == 0) {
       CHECK(got == Approx(expected).epsilon(1e-6));
     } else {
-      // With smoothed targets the bi-tempered loss adds the targets' (constant) negative entropy.
+      // The reference smooths as t (1 - e C / (C - 1)) + e / (C - 1), and the loss adds the
+      // targets' (constant) negative entropy to the cross-entropy against them.
       const torch::Tensor t =
-          torch::full({6, 5}, smoothing / 5) +
-          torch::nn::functional::one_hot(labels, 5).to(torch::kFloat) * (1 - smoothing);
+          torch::nn::functional::one_hot(labels, 5).to(torch::kFloat) * (1 - smoothing * 5 / 4) +
+          smoothing / 4;
+      LossOptions soft;
+      const double ce_soft = training_loss(logits, t, soft).item<double>();
       const double neg_entropy = (t * (t + 1e-10).log()).sum(1).mean().item<double>();
-      CHECK(got == Approx(expected + neg_entropy).epsilon(1e-5));
+      CHECK(got == Approx(ce_soft + neg_entropy).epsilon(1e-5));
     }
   }
   // Other temperatures give another, finite loss; the tempered softmax rows sum to one.
@@ -70,7 +73,7 @@ TEST_CASE("bi-tempered loss with t1 = t2 = 1 is cross-entropy", "[recipe]") {
   CHECK(p.min().item<double>() >= 0);
 }
 
-TEST_CASE("focal loss with gamma 0 is cross-entropy; gamma > 0 down-weights easy examples",
+TEST_CASE("focal loss with gamma 0 is cross-entropy, and gamma > 0 down-weights easy examples",
           "[recipe]") {
   const torch::Tensor logits = seeded({8, 4}, 2) * 2;
   const torch::Tensor labels = torch::tensor({0, 1, 2, 3, 3, 2, 1, 0}, torch::kInt64);
@@ -105,6 +108,42 @@ TEST_CASE("class weights follow nn.CrossEntropyLoss(weight=...)", "[recipe]") {
   CHECK(class_weights({"1", "2.5"}, 2, {}) == std::vector<double>{1, 2.5});
   CHECK_THROWS_AS(class_weights({"1", "2"}, 3, {}), ConfigError);
   CHECK_THROWS_AS(class_weights({"balanced"}, 3, {}), ConfigError);
+}
+
+TEST_CASE("class-weighted cross-entropy: micro-batch sums over the batch's weight add up",
+          "[recipe]") {
+  const torch::Tensor logits = seeded({8, 3}, 11);
+  const torch::Tensor labels = torch::tensor({0, 0, 0, 1, 2, 0, 1, 1}, torch::kInt64);
+  LossOptions o;
+  o.class_weights = torch::tensor({0.25f, 2.0f, 1.0f});
+  o.label_smoothing = 0.1;
+  const double batch = training_loss(logits, labels, o).item<double>();
+  const torch::Tensor total = o.class_weights.index_select(0, labels).sum();
+  double parts = 0;
+  for (int64_t start : {0, 3, 6}) {
+    const int64_t len = std::min<int64_t>(3, 8 - start);
+    parts +=
+        (weighted_cross_entropy_sum(logits.narrow(0, start, len), labels.narrow(0, start, len), o) /
+         total)
+            .item<double>();
+  }
+  CHECK(parts == Approx(batch).epsilon(1e-6));
+}
+
+TEST_CASE("mixing rows with their partners equals mixing the whole batch", "[recipe]") {
+  const torch::Tensor images = seeded({5, 3, 4, 4}, 12);
+  const torch::Tensor labels = torch::tensor({0, 1, 2, 1, 0}, torch::kInt64);
+  for (const uint64_t seed : {1, 2, 3, 4}) {
+    const MixDraw d = draw_mix(MixOptions{0.4, 1.0}, 4, 4, seed);
+    const Mixed whole = apply_mix(images, labels, 3, d);
+    const torch::Tensor rows = torch::tensor({1, 2, 3}, torch::kInt64);
+    const torch::Tensor partners = torch::tensor({0, 1, 2}, torch::kInt64);
+    const Mixed part =
+        apply_mix_rows(images.index_select(0, rows), images.index_select(0, partners),
+                       labels.index_select(0, rows), labels.index_select(0, partners), 3, d);
+    CHECK(torch::equal(part.images, whole.images.narrow(0, 1, 3)));
+    CHECK(torch::equal(part.targets, whole.targets.narrow(0, 1, 3)));
+  }
 }
 
 TEST_CASE("mixup/CutMix draws: lambda ~ Beta(alpha, alpha), one of the two per batch", "[recipe]") {
@@ -182,8 +221,9 @@ TEST_CASE("apply_mix mixes images and one-hot targets with the rolled batch", "[
   CHECK(max_diff(images, seeded({3, 3, 4, 5}, 4)) == 0);
 }
 
-TEST_CASE("EMA: first update copies, then avg = d avg + (1 - d) w; torchvision's adjustment",
-          "[recipe]") {
+TEST_CASE(
+    "EMA: the first update copies, then avg = d avg + (1 - d) w, with torchvision's adjustment",
+    "[recipe]") {
   config::ModelSpec spec;
   spec.arch = "resnet18";
   torch::manual_seed(1);
