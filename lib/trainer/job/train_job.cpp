@@ -261,6 +261,12 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                                          label_counts(plan.train, plan.num_classes)),
                            ", "));
   }
+  if (spec.data.sampler == "balanced" &&
+      spec.train.class_weights == std::vector<std::string>{"balanced"}) {
+    spdlog::warn(
+        "data.sampler: balanced and train.class_weights: balanced both correct the class "
+        "imbalance: together they over-weight the rare classes (use one of them)");
+  }
   if (spec.train.mixup_alpha > 0 || spec.train.cutmix_alpha > 0) {
     spdlog::info("train: mixup alpha {}, CutMix alpha {} (pairs within each replica's batch)",
                  spec.train.mixup_alpha, spec.train.cutmix_alpha);
