@@ -133,7 +133,8 @@ torch::Tensor ImagePipeline::decode(const std::string& bytes, const std::string&
   if (crop) {
     image = random_resized_crop(options_, image, rng, drawn);
   } else {
-    image = transforms::Resize(size)(image);
+    image =
+        transforms::Resize(size, transforms::parse_interpolation(options_.interpolation))(image);
   }
   return train_tail(options_, *augmenter_, image, rng, drawn);
 }
@@ -141,9 +142,11 @@ torch::Tensor ImagePipeline::decode(const std::string& bytes, const std::string&
 torch::Tensor ImagePipeline::decode_resized(const std::string& bytes,
                                             const std::string& origin) const {
   const int size = options_.output_size();
-  const cv::Mat image = options_.train ? transforms::Resize(size)(decode_for_resize(
-                                             bytes, origin, size, options_.reduced_decode))
-                                       : eval_image(options_, bytes, origin);
+  const cv::Mat image =
+      options_.train
+          ? transforms::Resize(size, transforms::parse_interpolation(options_.interpolation))(
+                decode_for_resize(bytes, origin, size, options_.reduced_decode))
+          : eval_image(options_, bytes, origin);
   torch::Tensor out = torch::empty({size, size, 3}, torch::kUInt8);
   cv::Mat view(size, size, CV_8UC3, out.data_ptr<uint8_t>());
   image.copyTo(view);
