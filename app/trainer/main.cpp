@@ -28,9 +28,9 @@ namespace {
 
 using namespace trainer;
 
-const std::set<std::string> kSubcommands = {"train",  "make-dataset", "predict", "evaluate",
-                                            "inspect", "launch",      "convert", "export",
-                                            "preview"};
+const std::set<std::string> kSubcommands = {"train",    "make-dataset", "predict",
+                                            "evaluate", "inspect",      "launch",
+                                            "convert",  "export",       "preview"};
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* overrides) {
   cmd->add_option("--set", *overrides,
@@ -55,9 +55,6 @@ int run(int argc, char** argv) {
       "trainer"};
   app.set_version_flag("--version", [] { return train::version_report(TRAINER_VERSION); });
   app.require_subcommand(1);
-  app.footer(
-      "Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n"
-      "Exit codes: 0 ok, 2 usage/config/cluster spec, 3 data, 4 distributed, 143 SIGTERM.");
 
   train::TrainOptions train_opts;
   auto* train_cmd = app.add_subcommand("train", "Train a model (the default subcommand)");
@@ -259,6 +256,22 @@ int run(int argc, char** argv) {
       "Example: trainer convert resnet50-11ad3fa6.pth resnet50.safetensors\n"
       "model.pretrained also reads a .pth directly; converting once skips the unpickling and\n"
       "gives a file torchvision's and Hugging Face's safetensors loaders read too.");
+
+  // Every --help ends with the exit codes its command can return (util/error.cpp's exit_code).
+  const std::string local_codes =
+      "Exit codes: 0 ok; 1 internal error (a bug: please report it); 2 usage or config error; "
+      "3 data or I/O error.";
+  const std::string training_codes =
+      "Exit codes: 0 ok; 1 internal error (a bug: please report it); 2 usage, config or "
+      "cluster-spec error; 3 data or I/O error; 4 distributed error (a peer lost, a timeout); "
+      "143 stopped by SIGTERM or SIGINT (a checkpoint holds where it stopped).";
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    const bool training = sub->get_name() == "train" || sub->get_name() == "launch";
+    const std::string footer = sub->get_footer();
+    sub->footer((footer.empty() ? "" : footer + "\n") + (training ? training_codes : local_codes));
+  }
+  app.footer("Without a subcommand, `train` is assumed: trainer --config job.yaml --job-dir DIR\n" +
+             training_codes);
 
   // `train` is the default subcommand.
   std::vector<std::string> args(argv + 1, argv + argc);

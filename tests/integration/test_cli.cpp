@@ -17,6 +17,7 @@ TEST_CASE("every subcommand has --help", "[cli]") {
   TempDir dir("help");
   const Result top = run_trainer(dir.path(), "--help");
   REQUIRE(top.code == 0);
+  CHECK_THAT(top.out, Contains("Exit codes: 0 ok; 1 internal error"));
   for (const char* sub : {"train", "make-dataset", "predict", "evaluate", "inspect", "convert",
                           "export", "preview"}) {
     CHECK_THAT(top.out, Contains(sub));
@@ -24,6 +25,12 @@ TEST_CASE("every subcommand has --help", "[cli]") {
     INFO(sub << ": " << r.err);
     CHECK(r.code == 0);
     CHECK_THAT(r.out, Contains("--"));
+    // It ends with the exit codes the command can return.
+    const size_t codes = r.out.rfind("Exit codes: 0 ok; 1 internal error");
+    REQUIRE(codes != std::string::npos);
+    CHECK(r.out.find('\n', codes) + 1 >= r.out.size());
+    CHECK_THAT(r.out.substr(codes), Contains("2 usage") && Contains("3 data or I/O error"));
+    if (std::string(sub) == "train") CHECK_THAT(r.out.substr(codes), Contains("143 stopped"));
   }
   const Result train_help = run_trainer(dir.path(), "train --help");
   CHECK_THAT(train_help.out, Contains("--job-dir"));
