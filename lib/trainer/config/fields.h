@@ -199,6 +199,15 @@ void visit(DataSpec& s, V& v) {
   v("sampler", s.sampler,
     Field("balanced = draw each class equally often (with replacement), the same on every rank")
         .one_of({"uniform", "balanced"}));
+  v("validation_split", s.validation_split,
+    Field("hold out this fraction of data.train as validation, chosen with data.seed; 0 = off")
+        .at_least(0)
+        .at_most(0.9));
+  v.check("validation_split", [&s] {
+    if (s.validation_split == 0 || s.validation.path.empty()) return std::string();
+    return "set either data.validation.path or data.validation_split, not both (got " +
+           format_double(s.validation_split) + " and a validation path)";
+  });
 }
 
 template <class V>
@@ -398,19 +407,21 @@ void visit(JobSpec& s, V& v) {
   v.section("logging", s.logging, "log lines, metrics and TensorBoard summaries");
   v.section("export", s.export_, "what the chief writes to JOB_DIR/model besides safetensors");
   // What needs a validation set to decide.
-  const bool validates = !s.data.validation.path.empty();
+  const bool validates = has_validation(s.data);
   v.check("checkpoint.keep_best", [&s, validates] {
     if (s.checkpoint.keep_best == "off" || validates) return std::string();
-    return "needs validation data (data.validation.path), got " + in_quotes(s.checkpoint.keep_best);
+    return "needs validation data (data.validation.path or data.validation_split), got " +
+           in_quotes(s.checkpoint.keep_best);
   });
   v.check("train.early_stopping.patience", [&s, validates] {
     if (s.train.early_stopping.patience == 0 || validates) return std::string();
-    return "needs validation data (data.validation.path), got " +
+    return "needs validation data (data.validation.path or data.validation_split), got " +
            in_quotes(std::to_string(s.train.early_stopping.patience));
   });
   v.check("train.lr_schedule.name", [&s, validates] {
     if (s.train.lr_schedule.name != "plateau" || validates) return std::string();
-    return std::string("plateau needs validation data (data.validation.path)");
+    return std::string(
+        "plateau needs validation data (data.validation.path or data.validation_split)");
   });
 }
 

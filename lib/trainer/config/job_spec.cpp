@@ -243,6 +243,7 @@ std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ign
       "data.eval_resize",
       "data.eval_crop_size",
       "data.sampler",
+      "data.validation_split",
       "train.optimizer.norm_weight_decay",
       "train.optimizer.bias_weight_decay",
       "train.lr_schedule.factor",

@@ -88,7 +88,15 @@ struct DataSpec {
                                     // eval_crop_size / 0.875 (256 for 224); square: unused
   int eval_crop_size = 0;           // evaluation input side; 0 (`auto`) = image_size
   std::string sampler = "uniform";  // uniform | balanced (each class equally likely)
+  double validation_split = 0;      // > 0: hold out this fraction of data.train as the
+                                    // validation set, chosen with data.seed (Keras'
+                                    // validation_split); data.validation.path must be ""
 };
+
+// Whether the job has validation data: a validation source, or a part of data.train held out.
+inline bool has_validation(const DataSpec& data) {
+  return !data.validation.path.empty() || data.validation_split > 0;
+}
 
 struct OptimizerSpec {
   std::string name = "adam";      // adam | adamw | sgd

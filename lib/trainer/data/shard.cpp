@@ -365,6 +365,20 @@ std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, ui
   return mine;
 }
 
+std::vector<int64_t> held_out_positions(int64_t n, double fraction, uint64_t seed) {
+  if (n < 0 || !(fraction >= 0 && fraction < 1)) {
+    throw Error(ErrorKind::kInternal, "held_out_positions: bad count or fraction");
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(util::mix_seed(seed, {kHoldOutStream}));
+  shuffle_in_place(order, rng);
+  const auto held = static_cast<size_t>(std::llround(static_cast<double>(n) * fraction));
+  std::vector<int64_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(held));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<int64_t> eval_shard(int64_t num_examples, int worker, int num_workers) {
   check_rank("eval_shard", worker, num_workers);
   std::vector<int64_t> mine;

@@ -107,6 +107,12 @@ std::vector<int64_t> balanced_epoch_order(const std::vector<int64_t>& labels, ui
                                           int64_t draws_per_worker);
 inline constexpr uint64_t kBalancedStream = 0x62616c616e636564ULL;  // "balanced"
 
+// data.validation_split: the positions (ascending) of the round(n x fraction) examples held out
+// of n as the validation set: the first of a Fisher-Yates permutation seeded with
+// mix_seed(seed, {kHoldOutStream}). The same for a seed on every rank and in every run.
+std::vector<int64_t> held_out_positions(int64_t n, double fraction, uint64_t seed);
+inline constexpr uint64_t kHoldOutStream = 0x686f6c646f757476ULL;  // "holdoutv"
+
 // Distributed exact evaluation: positions worker, worker+N, ... of 0..num_examples-1. Across the
 // cluster every example is evaluated exactly once (no padding, no duplicates); sum the counts.
 std::vector<int64_t> eval_shard(int64_t num_examples, int worker, int num_workers);

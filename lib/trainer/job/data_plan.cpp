@@ -1,6 +1,9 @@
 #include "trainer/job/data_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 
 #include "trainer/data/record_source.h"
 #include "trainer/data/source.h"
@@ -13,6 +16,35 @@ data::Listing list_split(const config::DataSpec& spec, const std::string& split,
                          const data::ListOptions& list) {
   if (split != "train" && split != "validation") {
     throw UsageError("--split: expected train|validation, got '" + split + "'");
+  }
+  if (spec.validation_split > 0) {  // both splits are parts of data.train
+    data::Listing all = data::list_source(spec.train, "data.train", class_names, list);
+    if (all.is_records()) {
+      throw ConfigError(
+          "data.validation_split: holds out examples of an image listing (imagefolder or csv); "
+          "for tfrecord files give the validation files in data.validation.path");
+    }
+    const auto n = static_cast<int64_t>(all.examples.size());
+    const std::vector<int64_t> held =
+        data::held_out_positions(n, spec.validation_split, static_cast<uint64_t>(spec.seed));
+    std::vector<bool> is_held(static_cast<size_t>(n), false);
+    for (const int64_t p : held) is_held[static_cast<size_t>(p)] = true;
+    const bool want_held = split == "validation";
+    std::vector<data::Example> part;
+    for (int64_t i = 0; i < n; ++i) {
+      if (is_held[static_cast<size_t>(i)] == want_held)
+        part.push_back(all.examples[static_cast<size_t>(i)]);
+    }
+    if (part.empty()) {
+      throw ConfigError("data.validation_split: " + fmt::format("{}", spec.validation_split) +
+                        " of the " + std::to_string(n) + " examples of " + all.origin +
+                        " leaves no " + split + " examples");
+    }
+    all.origin = (want_held ? "data.validation (" : "data.train (") + std::to_string(part.size()) +
+                 " of the " + std::to_string(n) + " examples of " + all.origin +
+                 ", data.validation_split " + fmt::format("{}", spec.validation_split) + ")";
+    all.examples = std::move(part);
+    return all;
   }
   const config::SourceSpec& source = split == "train" ? spec.train : spec.validation;
   if (!source.enabled()) {
@@ -44,7 +76,7 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
                       plan.train.origin + " has " + std::to_string(plan.num_classes) +
                       " classes (use `auto`)");
   }
-  if (spec.data.validation.enabled()) {
+  if (config::has_validation(spec.data)) {
     plan.validation = list_split(spec.data, "validation", plan.class_names, list);
   }
   // What needs every training label before the first record is read.

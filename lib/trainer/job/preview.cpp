@@ -107,7 +107,9 @@ int run_preview(const PreviewOptions& options, std::ostream& out) {
   const DataPlan plan = plan_data(spec, single);
   const bool train = options.split == "train";
   if (!train && !plan.validation) {
-    throw ConfigError("--split validation: the job has no validation data (data.validation.path)");
+    throw ConfigError(
+        "--split validation: the job has no validation data (data.validation.path or "
+        "data.validation_split)");
   }
   const ThreadBudget budget = plan_threads(spec, 1);
   apply_threads(budget);

@@ -48,10 +48,10 @@ class Evaluator {
       : job_dir_(job_dir),
         settings_(model_settings(
             spec, resolve_device(spec.train.device, spec.distributed.backend, {}).device)) {
-    if (spec.data.validation.path.empty()) {
+    if (!config::has_validation(spec.data)) {
       throw ConfigError(
           "TF_CONFIG names this task evaluator, which evaluates every checkpoint on the "
-          "validation split: set data.validation.path");
+          "validation split: set data.validation.path or data.validation_split");
     }
     const ThreadBudget budget = plan_threads(spec, 1);
     apply_threads(budget);

@@ -2,6 +2,7 @@
 // every rank, the workers' shares disjoint positions of one global draw.
 #include "common/catch.h"
 
+#include <algorithm>
 #include <map>
 
 #include "trainer/data/shard.h"
@@ -48,4 +49,16 @@ TEST_CASE("balanced sampler: reproducible, epochs differ, workers split one glob
   REQUIRE(w1.size() == 5);
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == (i % 2 == 0 ? w0[i / 2] : w1[i / 2]));
   CHECK_THROWS_AS(data::balanced_epoch_order({0, -1}, 1, 0, 0, 1, 2), Error);
+}
+
+TEST_CASE("data.validation_split holds out a reproducible fraction", "[sampler]") {
+  const auto a = data::held_out_positions(100, 0.2, 7);
+  CHECK(a.size() == 20);
+  CHECK(std::is_sorted(a.begin(), a.end()));
+  CHECK(std::adjacent_find(a.begin(), a.end()) == a.end());
+  CHECK(a == data::held_out_positions(100, 0.2, 7));
+  CHECK(a != data::held_out_positions(100, 0.2, 8));
+  CHECK(data::held_out_positions(10, 0.25, 1).size() == 3);  // llround(2.5) = 3
+  CHECK(data::held_out_positions(5, 0.0, 1).empty());
+  CHECK_THROWS_AS(data::held_out_positions(5, 1.0, 1), Error);
 }
