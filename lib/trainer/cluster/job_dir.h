@@ -31,7 +31,7 @@ class JobDir {
   fs::path checkpoints_dir() const { return root_ / "checkpoints"; }
   fs::path model_dir() const { return root_ / "model"; }
   fs::path model_best_dir() const { return root_ / "model_best"; }  // checkpoint.keep_best
-  fs::path logs_dir() const { return root_ / "logs"; }  // the chief's TensorBoard runs
+  fs::path logs_dir() const { return root_ / "logs"; }              // the chief's TensorBoard runs
   fs::path log_file() const { return write_dir_ / "trainer.log"; }
 
   // Creates write_dir() (and the chief's sub-dirs) and checks that it is writable. Throws

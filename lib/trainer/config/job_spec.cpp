@@ -225,40 +225,18 @@ std::string fingerprint(const JobSpec& spec, const std::vector<std::string>& ign
   // checkpoints of a job dir written before them carry a fingerprint without them, and must
   // still resume.
   static const std::vector<std::string> kLaterFields = {
-      "train.deterministic",
-      "export.onnx",
-      "export.onnx_preprocessing",
-      "export.onnx_opset",
+      "train.deterministic", "export.onnx", "export.onnx_preprocessing", "export.onnx_opset",
       "export.weights",
       // The training recipes (issue 32).
-      "data.augment.vertical_flip",
-      "data.augment.rotate90",
-      "data.augment.rotate_degrees",
-      "data.augment.color_jitter.",
-      "data.augment.policy",
-      "data.augment.magnitude",
-      "data.augment.num_ops",
-      "data.augment.random_erasing",
-      "data.interpolation",
-      "data.eval_resize",
-      "data.eval_crop_size",
-      "data.sampler",
-      "data.validation_split",
-      "train.optimizer.norm_weight_decay",
-      "train.optimizer.bias_weight_decay",
-      "train.lr_schedule.factor",
-      "train.lr_schedule.patience",
-      "train.lr_schedule.metric",
-      "train.mixup_alpha",
-      "train.cutmix_alpha",
-      "train.ema.",
-      "train.clip_grad_norm",
-      "train.class_weights",
-      "train.loss",
-      "train.focal_gamma",
-      "train.bi_tempered_",
-      "train.early_stopping.",
-      "checkpoint.keep_best"};
+      "data.augment.vertical_flip", "data.augment.rotate90", "data.augment.rotate_degrees",
+      "data.augment.color_jitter.", "data.augment.policy", "data.augment.magnitude",
+      "data.augment.num_ops", "data.augment.random_erasing", "data.interpolation",
+      "data.eval_resize", "data.eval_crop_size", "data.sampler", "data.validation_split",
+      "train.optimizer.norm_weight_decay", "train.optimizer.bias_weight_decay",
+      "train.lr_schedule.factor", "train.lr_schedule.patience", "train.lr_schedule.metric",
+      "train.mixup_alpha", "train.cutmix_alpha", "train.ema.", "train.clip_grad_norm",
+      "train.class_weights", "train.loss", "train.focal_gamma", "train.bi_tempered_",
+      "train.early_stopping.", "checkpoint.keep_best"};
   static const JobSpec kDefaultSpec;
   static const std::vector<std::pair<std::string, std::string>> kDefaults = flatten(kDefaultSpec);
   const auto fields = flatten(spec);

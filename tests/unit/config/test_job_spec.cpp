@@ -603,7 +603,8 @@ const std::vector<Bad> kBad = {
      "checkpoint:\n  keep_best: val_accuracy\n",
      {},
      false,
-     {"checkpoint.keep_best: needs validation data (data.validation.path or data.validation_split), got 'val_accuracy'"}},
+     {"checkpoint.keep_best: needs validation data (data.validation.path or "
+      "data.validation_split), got 'val_accuracy'"}},
     {"plateau without validation",
      "train:\n  lr_schedule:\n    name: plateau\n",
      {},
@@ -614,7 +615,8 @@ const std::vector<Bad> kBad = {
      "",
      {"train.early_stopping.patience=3"},
      false,
-     {"train.early_stopping.patience: needs validation data (data.validation.path or data.validation_split), got '3'"}},
+     {"train.early_stopping.patience: needs validation data (data.validation.path or "
+      "data.validation_split), got '3'"}},
     {"validation path and split both set",
      "data:\n  validation:\n    path: v\n  validation_split: 0.2\n",
      {},
