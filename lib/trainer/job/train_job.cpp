@@ -86,7 +86,7 @@ class ChiefWrites {
   // `ema`: the job's weight average (train.ema), or nullptr; `recipe`: the state of the
   // recipe's decisions, written with each checkpoint.
   ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper,
-              const WeightEma* ema, std::function<nlohmann::json()> recipe)
+              WeightEma* ema, std::function<nlohmann::json()> recipe)
       : spec_(spec),
         ctx_(ctx),
         stepper_(stepper),
@@ -131,8 +131,7 @@ class ChiefWrites {
 
   // The weights the export holds: the EMA's unless export.weights: raw (or no EMA).
   model::ResNet& exported_net() {
-    if (ema_ != nullptr && spec_.export_.weights == "ema")
-      return const_cast<WeightEma*>(ema_)->net();
+    if (ema_ != nullptr && spec_.export_.weights == "ema") return ema_->net();
     return stepper_.net();
   }
 
@@ -181,7 +180,7 @@ class ChiefWrites {
   const config::JobSpec& spec_;
   const TrainContext& ctx_;
   Stepper& stepper_;
-  const WeightEma* ema_;
+  WeightEma* ema_;
   std::function<nlohmann::json()> recipe_;
   std::string identity_;
 };
@@ -253,14 +252,10 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                  spec.train.optimizer.learning_rate, plan.num_workers, base_lr);
   }
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
-  stepper.set_class_weights(class_weights(spec.train.class_weights, plan.num_classes,
-                                          label_counts(plan.train, plan.num_classes)));
-  if (spec.train.class_weights != std::vector<std::string>{"none"}) {
-    spdlog::info("train.class_weights: {}",
-                 fmt::join(class_weights(spec.train.class_weights, plan.num_classes,
-                                         label_counts(plan.train, plan.num_classes)),
-                           ", "));
-  }
+  const std::vector<double> weights = class_weights(spec.train.class_weights, plan.num_classes,
+                                                    label_counts(plan.train, plan.num_classes));
+  stepper.set_class_weights(weights);
+  if (!weights.empty()) spdlog::info("train.class_weights: {}", fmt::join(weights, ", "));
   if (spec.data.sampler == "balanced" &&
       spec.train.class_weights == std::vector<std::string>{"balanced"}) {
     spdlog::warn(

@@ -10,6 +10,7 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -21,6 +22,12 @@ namespace trainer::data::testing {
 namespace fs = std::filesystem;
 
 using trainer::test_support::TempDir;  // tests/common/temp_dir.h
+
+// An integer from the environment (benchmark sizes), or `fallback` when unset or empty.
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
 
 inline void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());

@@ -20,14 +20,10 @@
 using namespace trainer;
 using namespace trainer::data;
 using namespace trainer::synth;
+using testing::env_int;
 using testing::TempDir;
 
 namespace {
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 std::vector<int> env_threads() {
   const char* v = std::getenv("TRAINER_BENCH_THREADS");
