@@ -14,6 +14,14 @@
 # cached in $TRAINER_DOCKER_CACHE (default /var/cache/trainer-docker).
 #
 # Run as root from anywhere:  bash scripts/docker-check.sh
+#
+# With --cuda it builds Dockerfile.cuda (PyTorch 2.11's CUDA wheel, trainer:cuda) the same way
+# and runs it where no GPU is: `trainer --version` must name LibTorch 2.11.0, CUDA 13.0, cuDNN,
+# NCCL, the GPU architectures (sm_75 ...) and the driver it needs (R580); every library
+# resolves; make-dataset and the 2-epoch quickstart with train.device=cpu; `launch --workers 2`
+# on the CPU; predict and `export --format onnx`; train.device=cuda exits 2 naming the missing
+# driver; no Python, compiler or headers; at most 4.5 GB (TRAINER_CUDA_IMAGE_MAX_GB), with each
+# large library's share. Time on 2 cores, cold: about an hour (the wheels and the CUDA build).
 # Environment: TRAINER_DEBIAN_RELEASE=bookworm|trixie (default: the Dockerfile's
 # DEBIAN_RELEASE) builds on that Debian (--build-arg DEBIAN_RELEASE); TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
 # host-side data/job dirs (printed). Exits non-zero, naming the failed step, on any failure.
@@ -24,8 +32,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 start=$(date +%s)
-image=trainer
-default_release=$(sed -n 's/^ARG DEBIAN_RELEASE=//p' Dockerfile | head -n 1)
+cuda=0
+case ${1:-} in
+  --cuda) cuda=1 ;;
+  "") ;;
+  *) echo "docker-check.sh: unknown argument '$1' (usage: docker-check.sh [--cuda])" >&2; exit 2 ;;
+esac
+if ((cuda)); then
+  image=trainer:cuda dockerfile=Dockerfile.cuda
+else
+  image=trainer dockerfile=Dockerfile
+fi
+default_release=$(sed -n 's/^ARG DEBIAN_RELEASE=//p' "$dockerfile" | head -n 1)
 release=${TRAINER_DEBIAN_RELEASE:-${default_release:-bookworm}}
 case $release in
   bookworm|trixie) ;;
@@ -70,7 +88,7 @@ have_image() {
 
 # The debian:<release>-slim base: present, pulled, or built with debootstrap.
 make_base_tar() {
-  local tar=$cache/debian-$release-minbase.tar
+  local tar=$cache/debian-$release-slim.tar
   if [[ -s $tar ]]; then
     echo "using the cached base root file system $tar"
     return
@@ -112,6 +130,14 @@ path-exclude /usr/share/man/*
 path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
 EOF
+  # This machine's own certificate authorities (a TLS proxy's, in /usr/local/share/ca-certificates):
+  # the stand-in for the registry's image trusts what the host trusts, so the build stage's pip
+  # reaches the Python Package Index where the host does (ca-certificates adds them when the
+  # build stage installs it; the runtime stage holds the inert files).
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$root/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  fi
   find "$root/usr/share/doc" -mindepth 2 ! -name copyright -type f -delete 2>/dev/null || true
   rm -rf "$root/usr/share/man/"* "$root/usr/share/info/"* "$root/usr/share/locale/"* \
          "$root/var/lib/apt/lists/"* "$root/var/cache/apt/"*.bin "$root/var/cache/apt/archives/"*.deb
@@ -133,11 +159,11 @@ ensure_base() {
   echo "no registry reachable: building $base with debootstrap"
   make_base_tar
   if [[ $engine == docker ]]; then
-    docker import --change 'CMD ["bash"]' "$cache/debian-$release-minbase.tar" "$base" >/dev/null
+    docker import --change 'CMD ["bash"]' "$cache/debian-$release-slim.tar" "$base" >/dev/null
   else
     local ctr
     ctr=$("${bh[@]}" from scratch)
-    "${bh[@]}" add "$ctr" "$cache/debian-$release-minbase.tar" / >/dev/null
+    "${bh[@]}" add "$ctr" "$cache/debian-$release-slim.tar" / >/dev/null
     "${bh[@]}" config --cmd bash \
       --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
     "${bh[@]}" commit --rm "$ctr" "localhost/$base" >/dev/null
@@ -176,14 +202,18 @@ inside() {
 
 ensure_base
 
-step "building the image ($engine)"
+step "building the image from $dockerfile ($engine)"
+build_start=$(date +%s)
 if [[ $engine == docker ]]; then
-  docker build --build-arg "DEBIAN_RELEASE=$release" -t "$image" . || fail "docker build"
+  docker build -f "$dockerfile" --build-arg "DEBIAN_RELEASE=$release" -t "$image" . ||
+    fail "docker build -f $dockerfile"
 else
   "${bh[@]}" bud --isolation chroot --layers --pull-never --build-arg "DEBIAN_RELEASE=$release" \
-    -t "localhost/$image" . ||
-    fail "buildah bud"
+    -f "$dockerfile" -t "localhost/$image" . ||
+    fail "buildah bud -f $dockerfile"
 fi
+build_s=$(($(date +%s) - build_start))
+echo "the image took $((build_s / 60))m$((build_s % 60))s to build"
 
 work=$(mktemp -d /tmp/docker-check.XXXXXX)
 data_dir=$work/data
@@ -193,7 +223,14 @@ chown 1000:1000 "$data_dir" "$jobs_dir"
 if [[ ${KEEP_WORK:-0} != 1 ]]; then trap 'rm -rf "$work"' EXIT; else echo "host dirs: $work"; fi
 
 step "trainer --version"
-run --version || fail "trainer --version"
+version=$(run --version) || fail "trainer --version"
+echo "$version"
+if ((cuda)); then
+  for want in "LibTorch 2.11.0" "CUDA 13.0 (built with)" "cuDNN 9." "NCCL 2." \
+              "GPU architectures: sm_75 " "NVIDIA driver: " "needs R580 or newer"; do
+    grep -qF "$want" <<<"$version" || fail "trainer --version does not say '$want'"
+  done
+fi
 
 step "trainer make-dataset (into the data volume)"
 run make-dataset --out data/sample --classes 5 --per-class 100 --image-size 64 --seed 0 ||
@@ -202,8 +239,10 @@ run make-dataset --out data/sample --classes 5 --per-class 100 --image-size 64 -
   fail "make-dataset wrote no data/sample/{train,validation} on the host"
 
 step "2-epoch quickstart (job dir on the jobs volume)"
-run --config /opt/trainer/configs/quickstart.yaml --epochs 2 --job-dir jobs/quickstart ||
-  fail "the quickstart job"
+device_args=()
+((cuda)) && device_args=(--set train.device=cpu)
+run --config /opt/trainer/configs/quickstart.yaml --epochs 2 --job-dir jobs/quickstart \
+  ${device_args[@]+"${device_args[@]}"} || fail "the quickstart job"
 
 step "model files on the host"
 job=$jobs_dir/quickstart
@@ -221,12 +260,40 @@ step "trainer evaluate on the exported model"
 run evaluate --model jobs/quickstart/model --config /opt/trainer/configs/quickstart.yaml ||
   fail "trainer evaluate"
 
+if ((cuda)); then
+  step "trainer launch --workers 2 on the CPU"
+  run launch --workers 2 -- --config /opt/trainer/configs/quickstart.yaml --epochs 1 \
+    --set train.device=cpu --job-dir jobs/launch || fail "trainer launch --workers 2"
+  ls "$jobs_dir"/launch/model/model.safetensors >/dev/null || fail "launch wrote no model"
+
+  step "trainer predict and export --format onnx"
+  run predict --model jobs/quickstart/model --out jobs/predictions.jsonl data/sample/validation ||
+    fail "trainer predict"
+  [[ $(wc -l <"$jobs_dir/predictions.jsonl") -ge 10 ]] || fail "predict wrote too few lines"
+  run export --model jobs/quickstart/model --format onnx --out jobs/model.onnx ||
+    fail "trainer export --format onnx"
+  [[ -s $jobs_dir/model.onnx ]] || fail "export wrote no jobs/model.onnx"
+
+  step "train.device=cuda without a GPU or driver exits 2, naming it"
+  rc=0
+  err=$(run --config /opt/trainer/configs/quickstart.yaml --epochs 1 --set train.device=cuda \
+          --job-dir jobs/cuda 2>&1 >/dev/null) || rc=$?
+  echo "$err" | tail -n 2
+  [[ $rc == 2 ]] || fail "train.device=cuda exited $rc, not 2"
+  grep -q "NVIDIA driver\|no CUDA GPU\|shows no GPU" <<<"$err" ||
+    fail "train.device=cuda: the message names no driver or GPU"
+fi
+
 step "the runtime image is small: no compiler, no headers, no test dependencies"
-inside 'for c in cc gcc g++ c++ clang cmake ninja protoc python3; do
+inside 'for c in cc gcc g++ c++ clang cmake ninja protoc python3 python nvcc pip; do
           if command -v $c >/dev/null; then echo "found $c"; exit 1; fi; done
-        for d in /usr/include/torch /usr/include/opencv4 /usr/include/c++ /usr/lib/python3/dist-packages/torch; do
+        for d in /usr/include/torch /usr/include/opencv4 /usr/include/c++ /usr/lib/python3/dist-packages/torch \
+                 /usr/include/cuda_runtime.h /usr/local/cuda /opt/trainer/venv-torch-2.11.0; do
           if [ -e $d ]; then echo "found $d"; exit 1; fi; done
-        echo "no compiler, headers or python"' || fail "the runtime image has build or test tools"
+        if find / -xdev \( -name "*.a" -o -name "*.h" -o -name "*.hpp" \) -print -quit | grep -q .; then
+          echo "found static libraries or headers:"; find / -xdev \( -name "*.a" -o -name "*.h" \) | head; exit 1; fi
+        echo "no compiler, headers, static libraries or python"' ||
+  fail "the runtime image has build or test tools"
 
 step "every library of the binary resolves"
 inside 'out=$(ldd /usr/local/bin/trainer); if echo "$out" | grep -q "not found"; then
@@ -239,6 +306,17 @@ if [[ $engine == docker ]]; then
 else
   "${bh[@]}" images "localhost/$image"
 fi
+# The uncompressed root file system, as the running container sees it, and its largest files.
+size=$(inside 'du -sxb / | cut -f1') || fail "du in the image"
+awk -v b="$size" 'BEGIN { printf "uncompressed: %.2f GB\n", b / 1e9 }'
+large=$(inside "find / -xdev -type f -size +10M -printf '%s %p\n'") || fail "listing the large files of the image"
+sort -rn <<<"$large" | awk -v t="$size" '{ printf "  %7.0f MB  %4.1f %%  %s\n", $1 / 1e6, 100 * $1 / t, $2 }'
+if ((cuda)); then
+  max_gb=${TRAINER_CUDA_IMAGE_MAX_GB:-4.5}
+  awk -v b="$size" -v m="$max_gb" 'BEGIN { exit !(b <= m * 1e9) }' ||
+    fail "the image is $(awk -v b="$size" 'BEGIN { printf "%.2f", b / 1e9 }') GB, over the $max_gb GB budget"
+fi
 
 elapsed=$(($(date +%s) - start))
-printf 'docker-check.sh: PASSED in %dm%02ds (%s)\n' $((elapsed / 60)) $((elapsed % 60)) "$engine"
+printf 'docker-check.sh: PASSED %s in %dm%02ds (%s; the build %dm%02ds)\n' "$dockerfile" \
+  $((elapsed / 60)) $((elapsed % 60)) "$engine" $((build_s / 60)) $((build_s % 60))

@@ -8,7 +8,9 @@
 # Environment: TRAINER_TORCH_VERSION (2.11.0) picks the wheel, TRAINER_TORCHVISION_VERSION (0.26.0
 # for 2.11; by default 0.<minor + 15>.x) the torchvision beside it (a second reference for the
 # parity benchmarks), TRAINER_TORCH_VENV the venv (/opt/trainer/venv-torch-<version>),
-# TRAINER_CUDA_HOME the CUDA toolkit the build compiles against (/usr/local/cuda).
+# TRAINER_CUDA_HOME the CUDA toolkit the build compiles against: /usr/local/cuda where it has
+# nvcc, else the toolkit that install-deps.sh --torch pip assembles in the venv from NVIDIA's
+# wheels on the Python Package Index (<venv>/cuda: nvcc, headers, libraries; no system toolkit).
 # Defines: torch_flavour, torch_args_rest (the arguments after --torch X), and the functions
 # below. No side effects when sourced.
 
@@ -16,7 +18,14 @@ torch_flavour=debian
 torch_args_rest=()
 torch_version=${TRAINER_TORCH_VERSION:-2.11.0}
 torch_venv=${TRAINER_TORCH_VENV:-/opt/trainer/venv-torch-$torch_version}
-torch_cuda_home=${TRAINER_CUDA_HOME:-/usr/local/cuda}
+torch_wheel_cuda_home=$torch_venv/cuda
+if [[ -n ${TRAINER_CUDA_HOME:-} ]]; then
+  torch_cuda_home=$TRAINER_CUDA_HOME
+elif [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  torch_cuda_home=/usr/local/cuda
+else
+  torch_cuda_home=$torch_wheel_cuda_home
+fi
 
 # torch_parse_args ARGS...: takes --torch debian|pip (or --torch=...) from anywhere in ARGS; the
 # rest go to torch_args_rest. Exits 2 on an unknown flavour.
@@ -80,13 +89,15 @@ torch_cmake_args() {
   [[ -f $nccl/nccl.h ]] || nccl=$torch_cuda_home/include
   cudart=$(ls -d "$(dirname "$dir")"/nvidia/*/lib/libcudart.so.* 2>/dev/null | head -n 1)
   if [[ ! -x $torch_cuda_home/bin/nvcc ]]; then
-    echo "$(basename "$0"): no CUDA toolkit at $torch_cuda_home (set TRAINER_CUDA_HOME): the pip flavour is a CUDA build" >&2
+    echo "$(basename "$0"): no CUDA toolkit at $torch_cuda_home (set TRAINER_CUDA_HOME, or run bash scripts/install-deps.sh --torch pip, which installs NVIDIA's CUDA compiler wheels into the venv): the pip flavour is a CUDA build" >&2
     return 2
   fi
   printf '%s\n' \
     "-DCMAKE_PREFIX_PATH=$dir/share/cmake" \
     "-DCMAKE_LIBRARY_PATH=$dir/lib" \
     "-DCUDAToolkit_ROOT=$torch_cuda_home" \
+    "-DCUDA_TOOLKIT_ROOT_DIR=$torch_cuda_home" \
+    "-DCMAKE_CUDA_COMPILER=$torch_cuda_home/bin/nvcc" \
     "-DTRAINER_CUDA_HOME=$torch_cuda_home" \
     "-DTRAINER_NCCL_INCLUDE_DIR=$nccl" \
     "-DTORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}"

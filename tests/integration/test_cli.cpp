@@ -50,6 +50,61 @@ TEST_CASE("every subcommand has --help", "[cli]") {
 #endif
 }
 
+// A CUDA build on a machine whose NVIDIA driver is missing or too old for its CUDA (13.0 needs
+// R580): --version names the architectures, the driver found and the one needed; the first CUDA
+// use exits 2 naming both, for train.device cuda and auto alike. The old driver is a stand-in
+// libcuda.so.1 (tests/support/fake_libcuda.cpp) that answers cuDriverGetVersion.
+TEST_CASE(
+    "a CUDA build names its GPU architectures and the driver it needs, and refuses an old one",
+    "[cli][cuda]") {
+#ifndef TRAINER_WITH_CUDA
+  WARN("skipped: a CPU build has no CUDA and no driver to check");
+#else
+  TempDir dir("driver");
+  write_text(dir / "job.yaml", tiny_job_yaml());
+  make_dataset(dir.path(), "data", 4, 32);
+  const std::string fake_dir = FAKE_CUDA_DRIVER_DIR;
+  REQUIRE(fs::exists(fake_dir + "/libcuda.so.1"));
+
+  const Result version = run_trainer(dir.path(), "--version");
+  REQUIRE(version.code == 0);
+  CHECK_THAT(version.out, Contains("GPU architectures: sm_") && Contains("needs R580 or newer"));
+  if (version.out.find("NVIDIA driver: none") != std::string::npos) {
+    // No driver: cuda is refused naming that, auto trains on the CPU.
+    const Result cuda =
+        run_trainer(dir.path(), "inspect --config job.yaml --set train.device=cuda");
+    CHECK(cuda.code == 2);
+    CHECK_THAT(cuda.err, Contains("train.device: 'cuda' requested") &&
+                             Contains("no NVIDIA driver (libcuda.so.1 not found)") &&
+                             Contains("--gpus all"));
+    CHECK(run_trainer(dir.path(), "inspect --config job.yaml --set train.device=auto").code == 0);
+  }
+
+  const std::vector<std::string> old_driver = {"LD_LIBRARY_PATH=" + fake_dir,
+                                               "FAKE_CUDA_DRIVER_VERSION=12040"};
+  const Result old_version = run_trainer(dir.path(), "--version", old_driver);
+  INFO(old_version.out << old_version.err);
+  CHECK(old_version.code == 0);
+  CHECK_THAT(old_version.out, Contains("NVIDIA driver: ") && Contains("CUDA 12.4") &&
+                                  Contains("TOO OLD") && Contains("GPUs: not asked"));
+  for (const char* device : {"cuda", "auto", "cuda:0"}) {
+    for (const char* command : {"inspect --config job.yaml", "--config job.yaml --job-dir j"}) {
+      const Result r = run_trainer(
+          dir.path(), std::string(command) + " --set train.device=" + device, old_driver);
+      INFO(device << " " << command << ": " << r.err);
+      CHECK(r.code == 2);
+      CHECK_THAT(r.err, Contains(std::string("train.device: ") + device + ": the NVIDIA driver") &&
+                            Contains("CUDA 12.4") && Contains("R580 or newer") &&
+                            !Contains("terminate called") && !Contains("Exception raised from"));
+    }
+  }
+  CHECK(!fs::exists(dir / "j"));  // refused before the job dir was made
+  // train.device: cpu never asks the driver.
+  CHECK(run_trainer(dir.path(), "inspect --config job.yaml --set train.device=cpu", old_driver)
+            .code == 0);
+#endif
+}
+
 TEST_CASE("usage errors exit 2", "[cli]") {
   TempDir dir("usage");
   CHECK(run_trainer(dir.path(), "").code == 2);  // no subcommand
