@@ -2,13 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #ifdef TRAINER_WITH_CUDA
+#include <link.h>
+
+#include <cstring>
+
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -19,6 +26,7 @@
 #include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
+#include "trainer/util/cuda_driver.h"
 #include "trainer/util/device.h"
 #include "trainer/util/error.h"
 #include "trainer/util/storage.h"
@@ -47,7 +55,8 @@ std::string gpus_text(int n) { return fmt::format("{} visible GPU{}", n, n == 1 
 }  // namespace
 
 DeviceChoice choose_device(const std::string& device, const std::string& backend,
-                           const cluster::LocalRank& local, int visible_gpus) {
+                           const cluster::LocalRank& local, int visible_gpus,
+                           const std::string& no_gpu_reason) {
   const int fixed = config::cuda_device_index(device);
   if (device != "auto" && device != "cpu" && device != "cuda" && fixed < 0) {
     throw ConfigError("train.device: expected auto, cpu, cuda or cuda:N, got '" + device + "'");
@@ -58,9 +67,12 @@ DeviceChoice choose_device(const std::string& device, const std::string& backend
       return {torch::Device(torch::kCPU),
               "train.device: auto, no CUDA GPU visible to this LibTorch"};
     }
-    throw ConfigError("train.device: '" + device +
-                      "' requested, but this LibTorch build sees no CUDA GPU (Debian's libtorch "
-                      "is CPU-only; build against a CUDA LibTorch with -DCMAKE_PREFIX_PATH)");
+    throw ConfigError("train.device: '" + device + "' requested, but " +
+                      (no_gpu_reason.empty()
+                           ? std::string("this LibTorch build sees no CUDA GPU (Debian's libtorch "
+                                         "is CPU-only; build against a CUDA LibTorch with "
+                                         "-DCMAKE_PREFIX_PATH)")
+                           : no_gpu_reason));
   }
   if (fixed >= visible_gpus) {
     throw ConfigError(fmt::format(
@@ -100,10 +112,30 @@ DeviceChoice choose_device(const std::string& device, const std::string& backend
 
 DeviceChoice resolve_device(const std::string& device, const std::string& backend,
                             const cluster::LocalRank& local) {
-  const int gpus = device != "cpu" && torch::cuda::is_available()
+  if (device == "cpu") return choose_device(device, backend, local, 0);
+  std::string no_gpu;
+#ifdef TRAINER_WITH_CUDA
+  // The driver first: LibTorch would only warn that it is too old and see no GPU, and auto
+  // would then train on the CPU of a GPU machine without a word.
+  const util::CudaDriver driver = util::probe_cuda_driver();
+  const std::string problem = util::cuda_driver_problem(driver, CUDART_VERSION);
+  if (!problem.empty()) throw ConfigError("train.device: " + device + ": " + problem);
+  if (driver.cuda_version == 0) {
+    no_gpu = "this machine has " + driver.missing +
+             " (in Docker: run with --gpus all on a host with the NVIDIA container toolkit)";
+  }
+#endif
+  const int gpus = no_gpu.empty() && torch::cuda::is_available()
                        ? static_cast<int>(torch::cuda::device_count())
                        : 0;
-  return choose_device(device, backend, local, gpus);
+  if (gpus == 0 && no_gpu.empty()) {
+#ifdef TRAINER_WITH_CUDA
+    no_gpu = "the NVIDIA driver here (" + util::describe_cuda_driver(driver, CUDART_VERSION) +
+             ") shows no GPU to this process (CUDA_VISIBLE_DEVICES, or the GPUs the container "
+             "was given)";
+#endif
+  }
+  return choose_device(device, backend, local, gpus, no_gpu);
 }
 
 void activate_device(const torch::Device& device) {
@@ -213,12 +245,56 @@ void configure_kernels(const torch::Device& device, bool deterministic) {
 #ifdef TRAINER_WITH_CUDA
 namespace {
 
-// "13.0" for CUDA's 13000, "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000
-// before).
-std::string cuda_version_text(long v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
+// "9.19.0" for cuDNN's 91900 (major * 10000 from cuDNN 9 on, * 1000 before).
 std::string cudnn_version_text(long v) {
   if (v >= 90000) return fmt::format("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100);
   return fmt::format("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100);
+}
+
+// The GPU architectures LibTorch's kernels were compiled for: its build records the NVCC flags
+// ("-gencode;arch=compute_75,code=sm_75;...") in libtorch_cuda.so, and its CUDA hooks print
+// them only where a driver answers, so they are read from the loaded library's segments here.
+// "sm_75 sm_80 ... sm_120", with "+ PTX compute_X" when it carries PTX that newer GPUs can
+// compile.
+std::string compiled_architectures() {
+  struct Found {
+    std::string flags;
+  } found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* out = static_cast<Found*>(data);
+        const std::string name = info->dlpi_name == nullptr ? "" : info->dlpi_name;
+        if (name.find("libtorch_cuda.so") == std::string::npos) return 0;
+        static const std::string kNeedle = "arch=compute_";
+        for (int i = 0; i < info->dlpi_phnum && out->flags.empty(); ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_R) == 0 || (ph.p_flags & PF_W) != 0)
+            continue;
+          const char* begin = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+          const char* end = begin + ph.p_filesz;
+          const void* hit = ::memmem(begin, ph.p_filesz, kNeedle.data(), kNeedle.size());
+          if (hit == nullptr) continue;
+          const char* first = static_cast<const char*>(hit);
+          while (first > begin && first[-1] != '\0') --first;
+          const char* last = static_cast<const char*>(hit);
+          while (last < end && *last != '\0') ++last;
+          out->flags.assign(first, last);
+        }
+        return out->flags.empty() ? 0 : 1;
+      },
+      &found);
+  std::vector<std::string> sass, ptx;
+  const std::regex code("code=(sm|compute)_([0-9]+[af]?)");
+  for (auto it = std::sregex_iterator(found.flags.begin(), found.flags.end(), code);
+       it != std::sregex_iterator(); ++it) {
+    auto& list = (*it)[1] == "sm" ? sass : ptx;
+    const std::string name = (*it)[1].str() + "_" + (*it)[2].str();
+    if (std::find(list.begin(), list.end(), name) == list.end()) list.push_back(name);
+  }
+  if (sass.empty() && ptx.empty()) return "unknown (not found in libtorch_cuda.so)";
+  std::string out = fmt::format("{}", fmt::join(sass, " "));
+  if (!ptx.empty()) out += fmt::format("{}+ PTX {}", out.empty() ? "" : " ", fmt::join(ptx, " "));
+  return out;
 }
 
 }  // namespace
@@ -229,7 +305,8 @@ std::string version_report(const std::string& trainer_version) {
   out += fmt::format("LibTorch {}\n", TORCH_VERSION);
 #ifdef TRAINER_WITH_CUDA
   const auto& hooks = at::detail::getCUDAHooks();
-  out += "CUDA " + cuda_version_text(hooks.versionCUDART()) + " (built with)\n";
+  out += "CUDA " + util::cuda_version_text(static_cast<int>(hooks.versionCUDART())) +
+         " (built with)\n";
   long cudnn = 0;
   try {
     cudnn = hooks.versionCuDNN();
@@ -238,15 +315,30 @@ std::string version_report(const std::string& trainer_version) {
   }
   out += "cuDNN " + (cudnn > 0 ? cudnn_version_text(cudnn) : std::string("none")) + "\n";
   out += "NCCL " + dist::nccl_version() + "\n";
-  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  if (gpus == 0) out += "GPUs: none visible (no GPU or no driver: training runs on the CPU)\n";
+  out += "GPU architectures: " + compiled_architectures() + "\n";
+  const util::CudaDriver driver = util::probe_cuda_driver();
+  out += util::describe_cuda_driver(driver, CUDART_VERSION) + "\n";
+  // A driver too old for this CUDA: LibTorch would only warn, so it is not asked.
+  const bool usable =
+      driver.cuda_version > 0 && util::cuda_driver_problem(driver, CUDART_VERSION).empty();
+  const int gpus =
+      usable && torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (driver.cuda_version > 0 && !usable) {
+    out +=
+        "GPUs: not asked (the driver is too old for this CUDA: train.device auto or cuda exits "
+        "2)\n";
+  } else if (gpus == 0) {
+    out += "GPUs: none visible (no GPU or no driver: training runs on the CPU)\n";
+  }
   for (int i = 0; i < gpus; ++i) {
     const auto* p = at::cuda::getDeviceProperties(i);
     out += fmt::format("GPU cuda:{}: {}, compute capability {}.{}, {:.0f} GiB\n", i, p->name,
                        p->major, p->minor, static_cast<double>(p->totalGlobalMem) / (1 << 30));
   }
 #else
-  out += "CUDA none (a CPU build)\ncuDNN none\nNCCL none\nGPUs: none (a CPU build)\n";
+  out +=
+      "CUDA none (a CPU build)\ncuDNN none\nNCCL none\nGPU architectures: none (a CPU build)\n"
+      "GPUs: none (a CPU build)\n";
 #endif
   out.pop_back();  // CLI11 ends the line
   return out;
@@ -378,7 +470,7 @@ void StepTimer::reset() {
 #endif
 }
 
-StepSyncCheck::StepSyncCheck(const torch::Device& device) {
+StepSyncCheck::StepSyncCheck(const torch::Device& device, bool announce) {
   const char* env = std::getenv("TRAINER_CUDA_SYNC_DEBUG");
   const std::string mode = env == nullptr ? "" : env;
   if (mode.empty()) return;
@@ -389,10 +481,12 @@ StepSyncCheck::StepSyncCheck(const torch::Device& device) {
 #ifdef TRAINER_WITH_CUDA
   mode_ = static_cast<int>(mode == "error" ? c10::cuda::SyncDebugMode::L_ERROR
                                            : c10::cuda::SyncDebugMode::L_WARN);
-  spdlog::info(
-      "TRAINER_CUDA_SYNC_DEBUG={}: from the second step on, a host synchronisation "
-      "inside a step {}",
-      mode, mode == "error" ? "fails the run" : "warns");
+  if (announce) {
+    spdlog::info(
+        "TRAINER_CUDA_SYNC_DEBUG={}: from the second step on, a host synchronisation "
+        "inside a step or an evaluation batch {}",
+        mode, mode == "error" ? "fails the run" : "warns");
+  }
 #endif
 }
 

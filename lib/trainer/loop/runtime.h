@@ -29,11 +29,16 @@ struct DeviceChoice {
 // NCCL (nccl, or auto on a GPU) needs a GPU of its own for every local rank. Pure. Throws
 // ConfigError (exit 2) for cuda or cuda:N without a GPU, cuda:N with N >= visible_gpus, and, under
 // NCCL, more local ranks than GPUs or several local ranks on one cuda:N; each names the numbers.
+// `no_gpu_reason`, when given, says why no GPU is visible (no driver, none given to the
+// container) in the error for cuda without a GPU.
 DeviceChoice choose_device(const std::string& device, const std::string& backend,
-                           const cluster::LocalRank& local, int visible_gpus);
+                           const cluster::LocalRank& local, int visible_gpus,
+                           const std::string& no_gpu_reason = "");
 
 // choose_device with the GPUs this LibTorch sees (torch::cuda::device_count(); none is asked
-// for train.device: cpu).
+// for train.device: cpu). In a CUDA build the NVIDIA driver is checked first: one too old for
+// the build's CUDA is a ConfigError (exit 2) naming the driver found and the release needed,
+// for auto as for cuda (a GPU machine whose driver cannot run this build is not a CPU machine).
 DeviceChoice resolve_device(const std::string& device, const std::string& backend,
                             const cluster::LocalRank& local);
 
@@ -103,8 +108,10 @@ void configure_kernels(const torch::Device& device, bool deterministic);
 std::pair<double, double> measure_bf16_cost();
 
 // What `trainer --version` prints: the trainer's version, then LibTorch's, the CUDA, cuDNN and
-// NCCL it was built with ("none" in a CPU build), and the GPUs this process sees now (none on a
-// machine without a GPU or driver: a CUDA build starts there and trains on the CPU).
+// NCCL it was built with ("none" in a CPU build), the GPU architectures LibTorch's kernels were
+// compiled for, the NVIDIA driver found and the one this CUDA needs, and the GPUs this process
+// sees now (none on a machine without a GPU or driver: a CUDA build starts there and trains on
+// the CPU).
 std::string version_report(const std::string& trainer_version);
 
 // How the model runs and what its input is: device, precision, layout, and how the uint8 pixels
@@ -170,12 +177,14 @@ class StepTimer {
 // TRAINER_CUDA_SYNC_DEBUG=warn|error (a check's knob, as torch.cuda.set_sync_debug_mode): on a
 // GPU, inside every training step after the first (warm-up allocates and may synchronise), each
 // host synchronisation that CUDA's sync-debug mode notices (a blocking copy, .item(), a stream
-// or device synchronize) warns or throws; outside the steps (validation, checkpoints) and inside
-// a HostSyncAllowed scope it is off. The constructor reads the variable: any value but warn or
-// error is a ConfigError; unset, on the CPU or in a CPU-only build every call is a no-op.
+// or device synchronize) warns or throws; outside the steps (checkpoints, the reads between
+// them) and inside a HostSyncAllowed scope it is off. Evaluation uses one of its own over its
+// batches (loop/evaluate.cpp), which read nothing back until the last. The constructor reads
+// the variable (and logs the mode when `announce`): any value but warn or error is a
+// ConfigError; unset, on the CPU or in a CPU-only build every call is a no-op.
 class StepSyncCheck {
  public:
-  explicit StepSyncCheck(const torch::Device& device);
+  explicit StepSyncCheck(const torch::Device& device, bool announce = true);
   void begin_step();
   void end_step();
 
