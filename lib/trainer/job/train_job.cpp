@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
-#include <climits>
-#include <functional>
 #include <memory>
 
 #include "trainer/data/loader.h"
@@ -12,6 +10,7 @@
 #include "trainer/job/agreement.h"
 #include "trainer/job/data_plan.h"
 #include "trainer/loop/ema.h"
+#include "trainer/loop/epoch_decisions.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/events.h"
 #include "trainer/loop/metrics.h"
@@ -24,7 +23,6 @@
 #include "trainer/model/resnet.h"
 #include "trainer/util/device.h"
 #include "trainer/util/error.h"
-#include "trainer/util/json.h"
 #include "trainer/util/log.h"
 #include "trainer/util/memory.h"
 #include "trainer/util/signals.h"
@@ -83,15 +81,15 @@ void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainCont
 // door to what only the chief writes. Every rank calls these (they are collectives).
 class ChiefWrites {
  public:
-  // `ema`: the job's weight average (train.ema), or nullptr; `recipe`: the state of the
-  // recipe's decisions, written with each checkpoint.
+  // `ema`: the job's weight average (train.ema), or nullptr; `decisions`: the epoch-end
+  // decisions, whose state is written with each checkpoint.
   ChiefWrites(const config::JobSpec& spec, const TrainContext& ctx, Stepper& stepper,
-              WeightEma* ema, std::function<nlohmann::json()> recipe)
+              WeightEma* ema, const EpochDecisions& decisions)
       : spec_(spec),
         ctx_(ctx),
         stepper_(stepper),
         ema_(ema),
-        recipe_(std::move(recipe)),
+        decisions_(decisions),
         identity_(job_identity(spec)) {}
 
   void checkpoint(const TrainPosition& at) {
@@ -102,8 +100,8 @@ class ChiefWrites {
       const auto dir = save_checkpoint(
           ctx_.job_dir.checkpoints_dir(), at, identity_, ctx_.checkpoint_plan, *stepper_.net(),
           stepper_.optimizer(), spec_.checkpoint.keep,
-          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json(), recipe_(),
-          ema_ ? &ema : nullptr);
+          stepper_.scaler().enabled() ? stepper_.scaler().state() : nlohmann::json(),
+          decisions_.state(ema_), ema_ ? &ema : nullptr);
       spdlog::info("checkpoint {}", dir.string());
     });
   }
@@ -181,7 +179,7 @@ class ChiefWrites {
   const TrainContext& ctx_;
   Stepper& stepper_;
   WeightEma* ema_;
-  std::function<nlohmann::json()> recipe_;
+  const EpochDecisions& decisions_;
   std::string identity_;
 };
 
@@ -207,12 +205,63 @@ Summaries open_summaries(const config::JobSpec& spec, const TrainContext& ctx, i
   return summaries;
 }
 
-void add_validation(const EvalCounts& val, std::map<std::string, double>* metrics,
-                    std::string* line) {
-  (*metrics)["val_loss"] = val.loss();
-  (*metrics)["val_accuracy"] = val.accuracy();
-  *line += fmt::format("; validation loss {:.4f} acc {:.4f} ({} examples)", val.loss(),
-                       val.accuracy(), val.num_examples);
+// The learning rate the schedule scales: train.optimizer.learning_rate, times the number of
+// replicas under train.scale_lr: linear (the linear scaling rule), said once.
+double base_learning_rate(const config::TrainSpec& train, int num_workers) {
+  const double base =
+      train.optimizer.learning_rate * (train.scale_lr == "linear" ? num_workers : 1);
+  if (train.scale_lr == "linear") {
+    spdlog::info("train.scale_lr: linear: learning rate {} x {} replicas = {}",
+                 train.optimizer.learning_rate, num_workers, base);
+  }
+  return base;
+}
+
+// The recipe's loss and batch settings on the stepper (class weights), and what they mean said
+// once: the weights, a sampler that corrects the imbalance twice, the batch mixing.
+void set_up_recipe(const config::JobSpec& spec, const DataPlan& plan, Stepper& stepper) {
+  const std::vector<double> weights = class_weights(spec.train.class_weights, plan.num_classes,
+                                                    label_counts(plan.train, plan.num_classes));
+  stepper.set_class_weights(weights);
+  if (!weights.empty()) spdlog::info("train.class_weights: {}", fmt::join(weights, ", "));
+  if (spec.data.sampler == "balanced" &&
+      spec.train.class_weights == std::vector<std::string>{"balanced"}) {
+    spdlog::warn(
+        "data.sampler: balanced and train.class_weights: balanced both correct the class "
+        "imbalance: together they over-weight the rare classes (use one of them)");
+  }
+  if (spec.train.mixup_alpha > 0 || spec.train.cutmix_alpha > 0) {
+    spdlog::info("train: mixup alpha {}, CutMix alpha {} (pairs within each replica's batch)",
+                 spec.train.mixup_alpha, spec.train.cutmix_alpha);
+  }
+}
+
+// The EMA of the weights (train.ema), or nullptr; its decay adjusted as torchvision adjusts it.
+std::unique_ptr<WeightEma> make_ema(const config::JobSpec& spec, const TrainContext& ctx,
+                                    Stepper& stepper) {
+  if (spec.train.ema.decay <= 0) return nullptr;
+  const config::EmaSpec& e = spec.train.ema;
+  const double decay =
+      adjusted_ema_decay(e.decay, ctx.plan.global_batch_size, e.every_steps, spec.train.epochs);
+  spdlog::info("train.ema: decay {} adjusted to {} (global batch {}, every {} steps, {} epochs)",
+               e.decay, decay, ctx.plan.global_batch_size, e.every_steps, spec.train.epochs);
+  return std::make_unique<WeightEma>(stepper.net(), spec.model, ctx.plan.num_classes, ctx.settings,
+                                     decay);
+}
+
+// Resumes the weights, the optimizer, the loss scaler, the epoch-end decisions and the EMA from
+// the checkpoint the job starts at; returns its position.
+TrainPosition resume(const CheckpointInfo& from, const TrainContext& ctx, Stepper& stepper,
+                     EpochDecisions& decisions, WeightEma* ema) {
+  restore_checkpoint(from, *stepper.net(), stepper.optimizer(), ctx.settings.device);
+  if (stepper.scaler().enabled() && !from.loss_scaler.is_null()) {
+    stepper.scaler().restore(from.loss_scaler, "'" + (from.dir / "state.json").string() + "'");
+  }
+  decisions.restore(from, ema);
+  const TrainPosition pos = from.position;
+  spdlog::info("resumed from {} (epoch {}, batch {}, step {})", from.dir.string(), pos.epoch + 1,
+               pos.batch_in_epoch, pos.global_step);
+  return pos;
 }
 
 }  // namespace
@@ -238,127 +287,32 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
                                               ctx.budget.decode, plan.worker, plan.num_workers});
   }
 
-  // 2. Kernels (deterministic or cuDNN benchmark mode), model and optimizer; the schedule
-  // (linear scaling rule when asked).
+  // 2. Kernels (deterministic or cuDNN benchmark mode), model and optimizer, the recipe (class
+  // weights, the EMA of the weights) and the schedule with the epoch-end decisions.
   configure_kernels(ctx.settings.device, ctx.settings.deterministic);
   StepSyncCheck sync_check(ctx.settings.device);
   Stepper stepper(spec, ctx.settings, group.world_size() > 1,
                   build_model(spec.model, plan.num_classes, spec.train.seed));
   log_plan(spec, plan, ctx, stepper.net());
-  const double base_lr =
-      spec.train.optimizer.learning_rate * (spec.train.scale_lr == "linear" ? plan.num_workers : 1);
-  if (spec.train.scale_lr == "linear") {
-    spdlog::info("train.scale_lr: linear: learning rate {} x {} replicas = {}",
-                 spec.train.optimizer.learning_rate, plan.num_workers, base_lr);
-  }
+  const double base_lr = base_learning_rate(spec.train, plan.num_workers);
   const ScheduleShape shape{plan.steps_per_epoch, spec.train.epochs};
-  const std::vector<double> weights = class_weights(spec.train.class_weights, plan.num_classes,
-                                                    label_counts(plan.train, plan.num_classes));
-  stepper.set_class_weights(weights);
-  if (!weights.empty()) spdlog::info("train.class_weights: {}", fmt::join(weights, ", "));
-  if (spec.data.sampler == "balanced" &&
-      spec.train.class_weights == std::vector<std::string>{"balanced"}) {
-    spdlog::warn(
-        "data.sampler: balanced and train.class_weights: balanced both correct the class "
-        "imbalance: together they over-weight the rare classes (use one of them)");
-  }
-  if (spec.train.mixup_alpha > 0 || spec.train.cutmix_alpha > 0) {
-    spdlog::info("train: mixup alpha {}, CutMix alpha {} (pairs within each replica's batch)",
-                 spec.train.mixup_alpha, spec.train.cutmix_alpha);
-  }
-
-  // The EMA of the weights (train.ema) and the decisions on each validation (keep_best, early
-  // stopping, ReduceLROnPlateau), with their state in every checkpoint.
-  std::unique_ptr<WeightEma> ema;
-  if (spec.train.ema.decay > 0) {
-    const double decay = adjusted_ema_decay(spec.train.ema.decay, plan.global_batch_size,
-                                            spec.train.ema.every_steps, spec.train.epochs);
-    ema = std::make_unique<WeightEma>(stepper.net(), spec.model, plan.num_classes, ctx.settings,
-                                      decay);
-    spdlog::info("train.ema: decay {} adjusted to {} (global batch {}, every {} steps, {} epochs)",
-                 spec.train.ema.decay, decay, plan.global_batch_size, spec.train.ema.every_steps,
-                 spec.train.epochs);
-  }
-  // keep_best and early stopping watch the weights the export holds; the plateau schedule the
-  // trained (raw) weights whose rate it sets.
-  const bool watch_ema = ema && spec.export_.weights == "ema";
-  const std::string best_metric = spec.checkpoint.keep_best;
-  BestTracker best(metric_is_maximised(best_metric));
-  const config::EarlyStoppingSpec& early_spec = spec.train.early_stopping;
-  EarlyStopping early(metric_is_maximised(early_spec.metric), early_spec.min_delta,
-                      early_spec.patience);
-  const config::LrScheduleSpec& sched = spec.train.lr_schedule;
-  ReduceOnPlateau plateau(metric_is_maximised(sched.metric), sched.factor, sched.patience,
-                          sched.min_lr, base_lr);
-  // Each decision's state with the metric it watched: a job resumed with another metric (they
-  // may change between runs) starts that decision afresh rather than compare unlike values.
-  const auto with_metric = [](nlohmann::json state, const std::string& metric) {
-    state["metric"] = metric;
-    return state;
-  };
-  const auto recipe_state = [&] {
-    nlohmann::json j = {{"best", with_metric(best.state(), best_metric)},
-                        {"early_stopping", with_metric(early.state(), early_spec.metric)},
-                        {"plateau", with_metric(plateau.state(), sched.metric)}};
-    if (ema) j["ema_count"] = ema->count();
-    return j;
-  };
+  set_up_recipe(spec, plan, stepper);
+  std::unique_ptr<WeightEma> ema = make_ema(spec, ctx, stepper);
+  EpochDecisions decisions(spec, base_lr, ema != nullptr);
 
   // 3. Resume, then the chief's weights everywhere, then the gradient sync.
   TrainPosition pos;
-  if (ctx.resume) {
-    restore_checkpoint(*ctx.resume, *stepper.net(), stepper.optimizer(), ctx.settings.device);
-    if (stepper.scaler().enabled() && !ctx.resume->loss_scaler.is_null()) {
-      stepper.scaler().restore(ctx.resume->loss_scaler,
-                               "'" + (ctx.resume->dir / "state.json").string() + "'");
-    }
-    pos = ctx.resume->position;
-    const std::string where = "'" + (ctx.resume->dir / "state.json").string() + "': recipe";
-    const nlohmann::json& recipe = ctx.resume->recipe;
-    if (!recipe.is_null() && !recipe.is_object()) throw DataError(where + ": not an object");
-    const auto part = [&](const char* key) -> const nlohmann::json& {
-      if (!recipe.contains(key)) throw DataError(where + ": no '" + key + "'");
-      return recipe.at(key);
-    };
-    // Restores a decision's state when it watched the same metric.
-    const auto same_metric = [&](const char* key, const std::string& metric) {
-      const nlohmann::json& state = part(key);
-      if (state.is_object() && state.value("metric", std::string()) == metric) return true;
-      spdlog::info("{}: the checkpoint's state watched another metric; {} starts afresh", key,
-                   metric);
-      return false;
-    };
-    if (recipe.is_object()) {
-      if (same_metric("best", best_metric)) best.restore(part("best"), where + ".best");
-      if (same_metric("early_stopping", early_spec.metric)) {
-        early.restore(part("early_stopping"), where + ".early_stopping");
-      }
-      if (sched.name == "plateau" && same_metric("plateau", sched.metric)) {
-        plateau.restore(part("plateau"), where + ".plateau");
-      }
-    }
-    if (ema) {
-      if (!ctx.resume->has_ema || !recipe.is_object() || !recipe.contains("ema_count")) {
-        throw DataError("'" + ctx.resume->dir.string() +
-                        "': holds no EMA weights (ema.safetensors), but train.ema.decay is set");
-      }
-      ema->restore(load_checkpoint_ema(*ctx.resume),
-                   util::json_int(recipe, "ema_count", 0, INT64_MAX, where),
-                   (ctx.resume->dir / "ema.safetensors").string());
-    }
-    spdlog::info("resumed from {} (epoch {}, batch {}, step {})", ctx.resume->dir.string(),
-                 pos.epoch + 1, pos.batch_in_epoch, pos.global_step);
-  }
+  if (ctx.resume) pos = resume(*ctx.resume, ctx, stepper, decisions, ema.get());
   dist::broadcast_parameters(group, replica_state(stepper.net()));
   stepper.connect(group);
-  ChiefWrites chief(spec, ctx, stepper, ema.get(), recipe_state);
+  ChiefWrites chief(spec, ctx, stepper, ema.get(), decisions);
   const int64_t first_step = ctx.resume ? pos.global_step : 0;
   EpochMeter meter(
       plan.num_workers, group, ctx.settings.device,
       MetricsLog(ctx.job_dir.metrics_file(), first_step), open_summaries(spec, ctx, first_step),
       Progress(util::stderr_is_tty(), spec.logging.every_steps), spec.logging.every_steps);
 
-  // 4. The loop: steps, then per epoch validation and the checkpoint cadence.
+  // 4. The loop: steps, then per epoch validation, its decisions and the checkpoint cadence.
   TrainSummary summary;
   summary.epochs_done = pos.epoch;
   // A resumed job may already be at train.max_steps (then only the export below runs).
@@ -366,9 +320,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     return spec.train.max_steps > 0 && pos.global_step >= spec.train.max_steps;
   };
   bool stop = at_max_steps();
-  // A job that stopped early and is started again only exports.
-  const bool stopped_early = early_spec.patience > 0 && early.wait() >= early_spec.patience;
-  if (stopped_early) {
+  if (decisions.stopped_early()) {  // a job that stopped early and is started again only exports
     spdlog::info("train.early_stopping: this job stopped early at epoch {}; nothing left to train",
                  pos.epoch);
     pos.epoch = spec.train.epochs;
@@ -382,7 +334,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       // job resumed at an epoch boundary with another number of workers (check_resume_plan).
       const int64_t schedule_step = pos.epoch * plan.steps_per_epoch + pos.batch_in_epoch;
       const double lr = learning_rate_at(spec.train.lr_schedule, base_lr, schedule_step, shape) *
-                        (plateau.lr() / base_lr);
+                        decisions.lr_factor();
       sync_check.begin_step();
       const uint64_t mix_seed =
           batch_mix_seed(spec.data.seed, pos.epoch, batch->index, plan.worker);
@@ -406,59 +358,30 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
     std::string line;
     std::map<std::string, double> epoch_metrics = meter.end_epoch(train_loader, &line);
     const bool epoch_finished = pos.batch_in_epoch >= plan.steps_per_epoch;
-    bool stop_early = false;
-    bool new_best = false;
+    EpochDecisions::Outcome decided;
     if (val_loader && (epoch_finished || stop)) {
-      const EvalCounts val =
-          evaluate_distributed(group, stepper.net(), *val_loader, plan.num_classes, ctx.settings);
+      const EpochValidation val = validate_epoch(group, stepper.net(), ema.get(), *val_loader,
+                                                 plan.num_classes, ctx.settings);
       set_train_mode(stepper.net(), spec.model);
-      summary.val_accuracy = val.accuracy();
-      add_validation(val, &epoch_metrics, &line);
-      EvalCounts watched = val;
-      if (ema) {
-        const EvalCounts val_ema =
-            evaluate_distributed(group, ema->net(), *val_loader, plan.num_classes, ctx.settings);
-        epoch_metrics["val_ema_loss"] = val_ema.loss();
-        epoch_metrics["val_ema_accuracy"] = val_ema.accuracy();
-        line += fmt::format("; EMA loss {:.4f} acc {:.4f}", val_ema.loss(), val_ema.accuracy());
-        if (watch_ema) {
-          watched = val_ema;
-          summary.val_accuracy = val_ema.accuracy();
-        }
-      }
-      // Every rank holds the same sums (evaluate_distributed), so every rank decides alike.
-      const auto value = [](const EvalCounts& c, const std::string& metric) {
-        return metric == "val_accuracy" ? c.accuracy() : c.loss();
-      };
-      if (epoch_finished) {
-        if (sched.name == "plateau" && plateau.step(value(val, sched.metric))) {
-          spdlog::info(
-              "train.lr_schedule: plateau: {} did not improve for more than {} epochs: "
-              "learning rate {} from now on",
-              sched.metric, sched.patience, plateau.lr());
-        }
-        if (best_metric != "off") new_best = best.step(value(watched, best_metric), pos.epoch);
-        if (early_spec.patience > 0 && early.step(value(watched, early_spec.metric))) {
-          stop_early = true;
-          line += fmt::format("; no improvement of {} for {} epochs: stopping early",
-                              early_spec.metric, early.wait());
-        }
-      }
+      val.report(&epoch_metrics, &line);
+      summary.val_accuracy = decisions.reported_accuracy(val);
+      if (epoch_finished) decided = decisions.decide(val, pos.epoch, &line);
     }
     spdlog::info("epoch {}/{}: {}", pos.epoch + 1, spec.train.epochs, line);
     meter.write_epoch(pos, epoch_metrics);
     summary.epochs_done = epoch_finished ? pos.epoch + 1 : pos.epoch;
-    if (new_best) {  // before the checkpoint that records it as the best
+    if (decided.new_best) {  // before the checkpoint that records it as the best
       summary.global_step = pos.global_step;
       chief.export_best(&summary, pos.epoch);
-      spdlog::info("checkpoint.keep_best: {} {:.4f} at epoch {}: {}", best_metric, best.best(),
-                   pos.epoch + 1, ctx.job_dir.model_best_dir().string());
+      spdlog::info("checkpoint.keep_best: {} {:.4f} at epoch {}: {}", decisions.best_metric(),
+                   decisions.best(), pos.epoch + 1, ctx.job_dir.model_best_dir().string());
     }
-    chief.checkpoint_if_due(pos, epoch_finished, stop || stop_early);
-    if (stop_early) {
+    chief.checkpoint_if_due(pos, epoch_finished, stop || decided.stop_early);
+    if (decided.stop_early) {
       spdlog::info(
           "train.early_stopping: stopped after epoch {} of {}; the best {} was at epoch {}",
-          pos.epoch + 1, spec.train.epochs, early_spec.metric, pos.epoch + 1 - early.wait());
+          pos.epoch + 1, spec.train.epochs, spec.train.early_stopping.metric,
+          pos.epoch + 1 - decisions.early_wait());
       ++pos.epoch;  // the epoch is done
       break;
     }
