@@ -236,6 +236,23 @@ TEST_CASE("trainer preview writes what the model is fed", "[recipe][preview]") {
     npy_shape(slurp(dir / "pv3" / "targets.npy"), &t);
     for (float v : t) CHECK((v == 0.0f || v == 1.0f));
   }
+  SECTION("validation needs no training batch: a batch larger than the training set") {
+    // 6 x 5 = 30 training images, a batch of 64: training refuses it, preview of validation
+    // reads the validation split with its own plan.
+    const std::string big = " --set train.per_replica_batch_size=64";
+    const Result val = run_trainer(
+        dir.path(), "preview --config job.yaml --split validation --count 8 --out pv6" + big);
+    INFO(val.err);
+    REQUIRE(val.code == 0);
+    std::vector<float> pixels;
+    CHECK(npy_shape(slurp(dir / "pv6" / "inputs.npy"), &pixels) ==
+          std::vector<int64_t>{8, 3, 32, 32});
+    CHECK(fs::exists(dir / "pv6" / "preview.png"));
+    const Result train_split =
+        run_trainer(dir.path(), "preview --config job.yaml --count 8 --out pv7" + big);
+    CHECK(train_split.code == 2);
+    CHECK_THAT(train_split.err, Contains("train.per_replica_batch_size: 64 is more than"));
+  }
   SECTION("bad input is a usage error") {
     const Result bad = run_trainer(dir.path(), "preview --config job.yaml --count 0 --out pv4");
     CHECK(bad.code == 2);

@@ -66,7 +66,7 @@ void cache_record_counts(const DataPlan& plan, const data::ListOptions& list) {
 }
 
 DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
-                   const data::ListOptions& list) {
+                   const data::ListOptions& list, PlanFor use) {
   DataPlan plan;
   plan.train = list_split(spec.data, "train", spec.data.class_names, list);
   plan.class_names = plan.train.class_names;
@@ -98,9 +98,10 @@ DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& clus
                       " weights, but " + plan.train.origin + " has " +
                       std::to_string(plan.num_classes) + " classes (one weight per class)");
   }
-  const int64_t batch = spec.train.per_replica_batch_size;
   plan.worker = std::max(cluster.rank, 0);
   plan.num_workers = std::max(cluster.world_size, 1);
+  if (use == PlanFor::kListingOnly) return plan;
+  const int64_t batch = spec.train.per_replica_batch_size;
   plan.global_batch_size = batch * plan.num_workers;
   plan.shard = data::plan_shards(data::files_of(plan.train), spec.data.shard_policy, plan.worker,
                                  plan.num_workers, batch, "data.train");
@@ -162,6 +163,13 @@ data::LoaderOptions base_options(const config::DataSpec& data, const config::Tra
   return o;
 }
 }  // namespace
+
+data::PreprocessOptions eval_preprocess(const config::DataSpec& data,
+                                        const config::TrainSpec& train) {
+  data::PreprocessOptions p = base_options(data, train, 1).preprocess;
+  p.train = false;
+  return p;
+}
 
 data::LoaderOptions train_loader_options(const config::DataSpec& data,
                                          const config::TrainSpec& train, const DataPlan& plan,

@@ -35,11 +35,16 @@ struct DataPlan {
   int num_workers = 1;
 };
 
+// What the plan is for: training (the shard, the batch numbers and their checks), or reading
+// the listings alone (preview of the validation split), where the training batch is no concern.
+enum class PlanFor { kTraining, kListingOnly };
+
 // Lists the sources and derives the numbers. Throws DataError (unreadable sources) or
-// ConfigError (model.num_classes disagrees with the data; fewer examples than one batch).
-// `list` says where tfrecord record counts are cached (the job dir), read here, never written.
+// ConfigError (model.num_classes disagrees with the data; for training, fewer examples than one
+// batch). `list` says where tfrecord record counts are cached (the job dir), read here, never
+// written. With PlanFor::kListingOnly the batch numbers stay 0 and the shard empty.
 DataPlan plan_data(const config::JobSpec& spec, const cluster::ClusterSpec& cluster,
-                   const data::ListOptions& list = {});
+                   const data::ListOptions& list = {}, PlanFor use = PlanFor::kTraining);
 
 // Examples per class of an image listing (imagefolder, csv); {} for record sources, whose labels
 // are known only when read (train.class_weights: balanced needs them).
@@ -60,6 +65,11 @@ void cache_record_counts(const DataPlan& plan, const data::ListOptions& list);
 data::LoaderOptions train_loader_options(const config::DataSpec& data,
                                          const config::TrainSpec& train, const DataPlan& plan,
                                          int decode_threads);
+
+// The preprocessing of the spec as an evaluation applies it (train = false: the eval resize and
+// crop, no augmentation), without a training plan.
+data::PreprocessOptions eval_preprocess(const config::DataSpec& data,
+                                        const config::TrainSpec& train);
 
 // How an evaluation pass reads its listing (validation in training, the sidecar evaluator,
 // `trainer evaluate`).

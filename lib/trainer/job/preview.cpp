@@ -104,8 +104,10 @@ int run_preview(const PreviewOptions& options, std::ostream& out) {
   if (options.out.empty()) throw UsageError("--out: required");
   const config::JobSpec spec = config::load_job_spec(options.config, options.overrides);
   const cluster::ClusterSpec single;  // one process: rank 0 of 1, as a one-worker job
-  const DataPlan plan = plan_data(spec, single);
   const bool train = options.split == "train";
+  // The validation split is read with its own plan: the training batch is no concern of it.
+  const DataPlan plan =
+      plan_data(spec, single, {}, train ? PlanFor::kTraining : PlanFor::kListingOnly);
   if (!train && !plan.validation) {
     throw ConfigError(
         "--split validation: the job has no validation data (data.validation.path or "
@@ -125,8 +127,7 @@ int run_preview(const PreviewOptions& options, std::ostream& out) {
     loader = make_eval_loader(
         spec.data, listing,
         EvalReading{spec.train.per_replica_batch_size, plan.num_classes, budget.decode, 0, 1});
-    preprocess = train_loader_options(spec.data, spec.train, plan, 1).preprocess;
-    preprocess.train = false;
+    preprocess = eval_preprocess(spec.data, spec.train);
   }
   const data::ImagePipeline pipeline(preprocess);
   const data::Normalize mode = data::parse_normalize(spec.data.normalize);
