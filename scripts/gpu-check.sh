@@ -31,7 +31,8 @@
 #                   trainer and LibTorch hold none of their own)
 #   unit-tests      builds the unit-test executables (the unit_* targets, nothing else), then
 #                   ctest -R '^unit_' on this build (the CUDA build on the GPU machine)
-#   sync-debug      4 CUDA steps with TRAINER_CUDA_SYNC_DEBUG=error: after the first step a
+#   sync-debug      4 CUDA steps, then an evaluate, with TRAINER_CUDA_SYNC_DEBUG=error: after
+#                   the first step (batch) a
 #                   host synchronisation inside a step fails the run  (--dry-run: 4 CPU steps)
 #   fp16, bf16      3 CUDA steps each with train.precision fp16 (loss scaling) / bf16
 #                   (--dry-run: bf16 on CPU; fp16 skipped)
@@ -440,6 +441,12 @@ s_sync_debug() {
     { show_log "$job"; fail "the run"; }
   check_steps "$job" 4 || { show_log "$job"; exit 1; }
   log_note "$job" "TRAINER_CUDA_SYNC_DEBUG"
+  # Evaluation reads nothing back between batches either: the same check over every batch after
+  # the first (loop/evaluate.cpp).
+  echo "+ trainer evaluate --model $job/model --split train (TRAINER_CUDA_SYNC_DEBUG=error)"
+  TRAINER_CUDA_SYNC_DEBUG=error "$T" evaluate --model "$job/model" --config "$small_spec" \
+    --split train --set "train.device=$dev" >"$job/evaluate.json" ||
+    fail "evaluate under TRAINER_CUDA_SYNC_DEBUG=error"
   [[ $mode == gpu ]] || note "on the CPU: the sync-debug mode itself is a GPU check (not exercised)"
 }
 

@@ -103,6 +103,14 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
   EvalCounts counts;
   counts.confusion.assign(static_cast<size_t>(num_classes),
                           std::vector<int64_t>(static_cast<size_t>(num_classes), 0));
+  // The sums stay on the model's device and are read once, after the last batch, so a GPU
+  // evaluation never waits for the host between batches. The loss is summed in float64 as the
+  // host summed it (each batch's float32 sum, then a double addition): the same bits on the CPU.
+  const auto on_device = torch::TensorOptions().device(settings.device);
+  torch::Tensor loss_sum = torch::zeros({}, on_device.dtype(torch::kFloat64));
+  torch::Tensor confusion =
+      torch::zeros({num_classes * num_classes}, on_device.dtype(torch::kLong));
+  StepSyncCheck no_sync(settings.device, /*announce=*/false);  // TRAINER_CUDA_SYNC_DEBUG
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     counts.skipped += batch->skipped;
@@ -117,6 +125,7 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
                         std::to_string(t[i]) + ", expected 0.." + std::to_string(num_classes - 1));
       }
     }
+    no_sync.begin_step();
     const torch::Tensor input = prepare_input(batch->images, settings);
     // With TTA the "logits" are the log of the averaged softmax: cross_entropy's log_softmax
     // leaves them as they are (they already sum to one in probability).
@@ -128,14 +137,23 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
                   "evaluate: the model gives " + std::to_string(logits.size(-1)) +
                       " logits per example, expected " + std::to_string(num_classes) + " classes");
     }
+    const torch::Tensor target = truth.to(logits.device(), /*non_blocking=*/true);
     const torch::Tensor losses = torch::nn::functional::cross_entropy(
-        logits, truth.to(logits.device()),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    counts.loss_sum += losses.sum().item<double>();
-    const torch::Tensor predicted = logits.argmax(1).to(torch::kCPU).contiguous();
-    const auto* p = predicted.data_ptr<int64_t>();
-    for (int64_t i = 0; i < truth.size(0); ++i) ++counts.confusion[t[i]][p[i]];
+        logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    loss_sum += losses.sum().to(torch::kFloat64);
+    // One count per (true, predicted) cell; bincount without weights is deterministic on CUDA.
+    confusion +=
+        torch::bincount(target * num_classes + logits.argmax(1), {}, num_classes * num_classes);
     counts.num_examples += truth.size(0);
+    no_sync.end_step();
+  }
+  counts.loss_sum = loss_sum.item<double>();
+  const torch::Tensor cells = confusion.to(torch::kCPU).contiguous();
+  const auto* c = cells.data_ptr<int64_t>();
+  for (size_t i = 0; i < counts.confusion.size(); ++i) {
+    for (size_t j = 0; j < counts.confusion.size(); ++j) {
+      counts.confusion[i][j] = c[i * counts.confusion.size() + j];
+    }
   }
   return counts;
 }
