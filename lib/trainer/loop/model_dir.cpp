@@ -1,6 +1,7 @@
 #include "trainer/loop/model_dir.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -154,11 +155,38 @@ std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptio
 
 void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo& info,
                   const OnnxOptions* onnx) {
-  fs::create_directories(dir);
-  model::save_safetensors((dir / "model.safetensors").string(), model::state_dict(*net),
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  const std::string name = dir.filename().string();
+  fs::create_directories(parent);
+  // Built under a hidden name beside its place, so the job dir's readers (the evaluator,
+  // predict) see no model until every file of it is written.
+  const fs::path building = parent / fmt::format(".{}.building-{}", name, ::getpid());
+  fs::remove_all(building);
+  fs::create_directories(building);
+  model::save_safetensors((building / "model.safetensors").string(), model::state_dict(*net),
                           {{"format", "pt"}, {"arch", info.arch}});
-  util::write_file_atomic(dir / "model.json", info.to_json().dump(2) + "\n");
-  if (onnx) util::write_file_atomic(dir / "model.onnx", onnx_model(net, info, *onnx));
+  util::write_file_atomic(building / "model.json", info.to_json().dump(2) + "\n");
+  if (onnx) {
+    std::string bytes;
+    try {
+      bytes = onnx_model(net, info, *onnx);
+    } catch (const std::exception& e) {
+      // The weights are good: keep them where predict and evaluate can read them, under a name
+      // that says what is missing, and fail naming the ONNX step.
+      const fs::path kept = parent / (name + ".without-onnx");
+      util::replace_dir(building, kept);
+      const auto* known = dynamic_cast<const Error*>(&e);
+      throw Error(known ? known->kind() : ErrorKind::kInternal,
+                  fmt::format("export.onnx: the ONNX export of {} failed: {}. {} was not written "
+                              "(a model directory holds every file the job spec asks for); the "
+                              "trained model without model.onnx is in {} (trainer predict and "
+                              "evaluate read it; `trainer export --model {} --format onnx "
+                              "--out FILE.onnx` retries the ONNX file)",
+                              dir.string(), e.what(), dir.string(), kept.string(), kept.string()));
+    }
+    util::write_file_atomic(building / "model.onnx", bytes);
+  }
+  util::replace_dir(building, dir);
 }
 
 ModelInfo read_model_info(const fs::path& json_path) {

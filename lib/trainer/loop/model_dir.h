@@ -74,8 +74,10 @@ struct OnnxOptions {
 // and model.json in its metadata_props.
 std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options);
 
-// Writes model.safetensors then model.json (each atomically) into `dir`; with `onnx`, then
-// model.onnx too.
+// Writes the model directory `dir`: model.safetensors, model.json and, with `onnx`, model.onnx,
+// built under a hidden name beside it (.<name>.building-<pid>) and renamed into place when every
+// file is written (util::replace_dir), so `dir` is complete or absent. A failed ONNX export
+// throws naming it, and leaves the weights in <dir>.without-onnx for predict and evaluate.
 void export_model(const std::filesystem::path& dir, const model::ResNet& net, const ModelInfo& info,
                   const OnnxOptions* onnx = nullptr);
 

@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -82,6 +83,27 @@ void AppendFile::append(const std::string& record) {
     }
     done += static_cast<size_t>(n);
   }
+}
+
+void replace_dir(const fs::path& built, const fs::path& target) {
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    if (::rename(built.c_str(), target.c_str()) != 0)
+      throw_io_error("cannot rename to", target, errno);
+  } else if (::renameat2(AT_FDCWD, built.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(built, ec);  // now the old directory
+  } else {
+    const fs::path old =
+        parent / ("." + target.filename().string() + ".old-" + std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    if (::rename(target.c_str(), old.c_str()) != 0)
+      throw_io_error("cannot move aside", target, errno);
+    if (::rename(built.c_str(), target.c_str()) != 0)
+      throw_io_error("cannot rename to", target, errno);
+    fs::remove_all(old, ec);
+  }
+  fsync_dir(parent);
 }
 
 void fsync_dir(const fs::path& dir) {

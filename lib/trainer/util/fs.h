@@ -28,6 +28,13 @@ inline bool has_glob_chars(const std::string& pattern) {
 // fsync a directory (so a rename inside it is durable).
 void fsync_dir(const fs::path& dir);
 
+// Puts the directory `built` (complete, its files durable) at `target`, replacing what is there:
+// one atomic exchange where the file system has it (renameat2 RENAME_EXCHANGE), else the old
+// directory renamed aside first, so a reader sees the old directory, the new one, or for a
+// moment none, never a mix. Then removes the old one and fsyncs the parent. Both paths must be
+// in one directory. Throws DataError naming the path.
+void replace_dir(const fs::path& built, const fs::path& target);
+
 // Throws DataError "WHAT 'PATH': strerror(err)", adding "(the disk is full)" or "(the file system
 // is read-only)" for those causes.
 [[noreturn]] void throw_io_error(const std::string& what, const fs::path& path, int err);

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "train_test_util.h"
 #include "trainer/loop/model_dir.h"
@@ -100,6 +101,51 @@ TEST_CASE("export_model then load_model_dir gives the same model back", "[model_
   torch::NoGradGuard no_grad;
   const torch::Tensor x = seeded_input({1, 3, 32, 32}, 9);
   CHECK(bit_equal(net->forward(x), loaded.net->forward(x)));
+}
+
+TEST_CASE("a model directory is complete or absent: built aside, renamed into place",
+          "[model_dir]") {
+  TempDir tmp;
+  const ModelInfo info = sample_info(0);
+  trainer::model::ResNet net = trained_net(info);
+  auto names = [&] {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(tmp.path()))
+      out.insert(e.path().filename().string());
+    return out;
+  };
+  SECTION("with ONNX: all three files, nothing left beside it; a second export replaces it") {
+    OnnxOptions onnx;
+    export_model(tmp / "model", net, info, &onnx);
+    CHECK(names() == std::set<std::string>{"model"});
+    for (const char* f : {"model.safetensors", "model.json", "model.onnx"}) {
+      CHECK(fs::is_regular_file(tmp / "model" / f));
+    }
+    write_bytes(tmp / "model" / "stale.txt", "from the first export");
+    ModelInfo later = info;
+    later.global_step = 456;
+    export_model(tmp / "model", net, later, &onnx);
+    CHECK(names() == std::set<std::string>{"model"});
+    CHECK_FALSE(fs::exists(tmp / "model" / "stale.txt"));
+    CHECK(load_model_dir(tmp / "model").info.global_step == 456);
+  }
+  SECTION("a failed ONNX export names it and keeps the weights in model.without-onnx") {
+    OnnxOptions bad;
+    bad.opset = 99;  // refused by the ONNX writer, after the weights are written
+    try {
+      export_model(tmp / "model", net, info, &bad);
+      FAIL("no error");
+    } catch (const trainer::Error& e) {
+      const std::string m = e.what();
+      INFO(m);
+      CHECK(e.kind() == trainer::ErrorKind::kConfig);
+      CHECK_THAT(m, Contains("export.onnx: the ONNX export of") && Contains("--opset") &&
+                        Contains("model.without-onnx") && Contains("was not written"));
+    }
+    CHECK(names() == std::set<std::string>{"model.without-onnx"});
+    CHECK(load_model_dir(tmp / "model.without-onnx").info.to_json() == info.to_json());
+    CHECK_FALSE(fs::exists(tmp / "model.without-onnx" / "model.onnx"));
+  }
 }
 
 TEST_CASE("load_model_dir of a directory without model.json is a UsageError", "[model_dir]") {
