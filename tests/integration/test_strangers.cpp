@@ -1,12 +1,13 @@
 // Strangers at the chief's port: the rendezvous store has no authentication, so anything on the
 // network may connect to it (a port scanner, curl, random bytes, a connection left half-open).
 // None of that may crash, hang or stall the chief: a job that meets and trains while such
-// traffic arrives over loopback (a stranger every 0.3 s; six connections left half-open in the
-// middle of a request, each of which stalled LibTorch 1.13's store for ever before the listener's
-// reads were bounded) still finishes, with the same exit code and outputs. A flood of
-// half-open connections is not covered on 1.13: each still stalls its store for up to 2 s. On
-// LibTorch 2.x the store's server is libuv's (from 2.4 by default), which reads without blocking:
-// the same test covers it, and the half-open connections stall nothing there.
+// traffic arrives over loopback (a stranger every 0.3 s, fifteen of them before the second
+// worker joins; six connections left half-open in the middle of a request, each of which stalled
+// LibTorch 1.13's store for ever before the listener's reads were bounded) still finishes, with the
+// same exit code and outputs. A flood of half-open connections is not covered on 1.13: each still
+// stalls its store for up to 2 s. On LibTorch 2.x the store's server is libuv's (from 2.4 by
+// default), which reads without blocking: the same test covers it, and the half-open connections
+// stall nothing there.
 #include "common/catch.h"
 
 #include <arpa/inet.h>
@@ -79,10 +80,16 @@ TEST_CASE("strangers connecting to the chief's port never stop the job",
   std::atomic<bool> stop{false};
   std::vector<int> held;  // half-open connections, kept until the job is over
   int connections = 0;
+  // Strangers that reached the chief; the second worker starts only after the first 15 (every
+  // kind three times, all six half-open connections held), so the counts below do not depend on
+  // how fast the job then trains (a fast job once ended after five).
+  std::atomic<int> rounds{0};
+  constexpr int kRoundsBeforeWorker1 = 15;
   std::thread stranger([&] {
     std::mt19937 rng(7);
     int round = 0;
     while (!stop) {
+      rounds = round;
       const int fd = connect_to(port);
       if (fd < 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -127,7 +134,13 @@ TEST_CASE("strangers connecting to the chief's port never stop the job",
 
   const auto start = std::chrono::steady_clock::now();
   Background w0(dir.path(), args, {tf_config(2, false, port, "worker", 0)}, "w0");
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // strangers arrive before the worker
+  // The strangers arrive while the chief waits for worker 1 (bounded: the chief's rendezvous
+  // timeout is 60 s, a stranger every 0.3 s once it listens).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (rounds < kRoundsBeforeWorker1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(rounds >= kRoundsBeforeWorker1);
   Background w1(dir.path(), args, {tf_config(2, false, port, "worker", 1)}, "w1");
   const Result r1 = w1.wait();
   const Result r0 = w0.wait();
