@@ -98,7 +98,9 @@ TEST_CASE(
                             !Contains("terminate called") && !Contains("Exception raised from"));
     }
   }
-  CHECK(!fs::exists(dir / "j"));  // refused before the job dir was made
+  // Refused before anything was trained: no checkpoint, no model.
+  CHECK_FALSE(fs::exists(dir / "j" / "checkpoints" / "ckpt-000000001"));
+  CHECK_FALSE(fs::exists(dir / "j" / "model"));
   // train.device: cpu never asks the driver.
   CHECK(run_trainer(dir.path(), "inspect --config job.yaml --set train.device=cpu", old_driver)
             .code == 0);
