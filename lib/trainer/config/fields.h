@@ -60,7 +60,8 @@ template <class V>
 void visit(ModelSpec& s, V& v) {
   v("arch", s.arch,
     Field("network architecture")
-        .one_of({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}));
+        .one_of({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
+                 "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2"}));
   v("num_classes", s.num_classes,
     Field("classifier outputs (auto = the number of classes in the data)")
         .at_least(0)

@@ -46,7 +46,7 @@ class Writer {
     auto* conv = module<nn::Conv2dImpl>(conv_name);
     auto* bn = module<BatchNormImpl>(bn_name);
     const auto& o = conv->options;
-    if (o.groups() != 1 || conv->bias.defined()) not_resnet(conv_name + ": groups or a bias");
+    if (conv->bias.defined()) not_resnet(conv_name + ": a bias");
     const auto kernel = std::vector<int64_t>(o.kernel_size()->begin(), o.kernel_size()->end());
     const auto stride = std::vector<int64_t>(o.stride()->begin(), o.stride()->end());
     const auto dilation = std::vector<int64_t>(o.dilation()->begin(), o.dilation()->end());
@@ -71,7 +71,7 @@ class Writer {
     graph_.add_node("Conv", {input, wn, bname}, {out},
                     {Attribute::list("kernel_shape", kernel), Attribute::list("strides", stride),
                      Attribute::list("pads", {ph, pw, ph, pw}),
-                     Attribute::list("dilations", {1, 1}), Attribute::of("group", 1)});
+                     Attribute::list("dilations", {1, 1}), Attribute::of("group", o.groups())});
     ++convs_written_;
     if (relu) out = this->relu(out, conv_name + ".relu");
     return out;

@@ -14,8 +14,9 @@ namespace {
 constexpr double kBnEps = 1e-5;
 constexpr double kBnMomentum = 0.1;
 
-nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride, int64_t groups = 1) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).groups(groups).bias(false));
 }
 
 nn::Conv2d conv1x1(int64_t in, int64_t out, int64_t stride) {
@@ -24,12 +25,13 @@ nn::Conv2d conv1x1(int64_t in, int64_t out, int64_t stride) {
 
 BatchNorm batch_norm(int64_t features) { return BatchNorm(features, kBnEps, kBnMomentum); }
 
-// torchvision.models.resnet.BasicBlock (expansion 1).
+// torchvision.models.resnet.BasicBlock (expansion 1; groups 1 and width 64 only, as there).
 class BasicBlockImpl : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 1;
 
-  BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample)
+  BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample,
+                 int64_t /*groups*/, int64_t /*base_width*/)
       : conv1_(register_module("conv1", conv3x3(inplanes, planes, stride))),
         bn1_(register_module("bn1", batch_norm(planes))),
         relu_(register_module("relu", nn::ReLU(nn::ReLUOptions(true)))),
@@ -57,16 +59,23 @@ class BasicBlockImpl : public nn::Module {
 TORCH_MODULE(BasicBlock);
 
 // torchvision.models.resnet.Bottleneck (expansion 4, ResNet v1.5: the stride sits on conv2).
+// ResNeXt and Wide ResNet are this block with `groups` and `base_width` (torchvision's
+// width_per_group): the inner width is int(planes * base_width / 64) * groups, and conv2 is a
+// grouped convolution.
 class BottleneckImpl : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 4;
 
-  BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample)
-      : conv1_(register_module("conv1", conv1x1(inplanes, planes, 1))),
-        bn1_(register_module("bn1", batch_norm(planes))),
-        conv2_(register_module("conv2", conv3x3(planes, planes, stride))),
-        bn2_(register_module("bn2", batch_norm(planes))),
-        conv3_(register_module("conv3", conv1x1(planes, planes * kExpansion, 1))),
+  BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride, nn::Sequential downsample,
+                 int64_t groups, int64_t base_width)
+      : width_(static_cast<int64_t>(static_cast<double>(planes) *
+                                    (static_cast<double>(base_width) / 64.0)) *
+               groups),
+        conv1_(register_module("conv1", conv1x1(inplanes, width_, 1))),
+        bn1_(register_module("bn1", batch_norm(width_))),
+        conv2_(register_module("conv2", conv3x3(width_, width_, stride, groups))),
+        bn2_(register_module("bn2", batch_norm(width_))),
+        conv3_(register_module("conv3", conv1x1(width_, planes * kExpansion, 1))),
         bn3_(register_module("bn3", batch_norm(planes * kExpansion))),
         relu_(register_module("relu", nn::ReLU(nn::ReLUOptions(true)))) {
     if (downsample) downsample_ = register_module("downsample", downsample);
@@ -82,6 +91,7 @@ class BottleneckImpl : public nn::Module {
   }
 
  private:
+  int64_t width_;
   nn::Conv2d conv1_;
   BatchNorm bn1_;
   nn::Conv2d conv2_;
@@ -97,12 +107,22 @@ struct ArchSpec {
   const char* name;
   bool bottleneck;
   int64_t blocks[4];
+  int64_t groups = 1;       // torchvision's groups (ResNeXt: 32 or 64)
+  int64_t base_width = 64;  // torchvision's width_per_group (ResNeXt: 4 or 8; Wide: 128)
 };
 
+// torchvision.models' ResNet family, with its builders' groups and width_per_group.
 constexpr ArchSpec kArchs[] = {
-    {"resnet18", false, {2, 2, 2, 2}},  {"resnet34", false, {3, 4, 6, 3}},
-    {"resnet50", true, {3, 4, 6, 3}},   {"resnet101", true, {3, 4, 23, 3}},
+    {"resnet18", false, {2, 2, 2, 2}},
+    {"resnet34", false, {3, 4, 6, 3}},
+    {"resnet50", true, {3, 4, 6, 3}},
+    {"resnet101", true, {3, 4, 23, 3}},
     {"resnet152", true, {3, 8, 36, 3}},
+    {"resnext50_32x4d", true, {3, 4, 6, 3}, 32, 4},
+    {"resnext101_32x8d", true, {3, 4, 23, 3}, 32, 8},
+    {"resnext101_64x4d", true, {3, 4, 23, 3}, 64, 4},
+    {"wide_resnet50_2", true, {3, 4, 6, 3}, 1, 128},
+    {"wide_resnet101_2", true, {3, 4, 23, 3}, 1, 128},
 };
 
 const ArchSpec& find_arch(const std::string& arch) {
@@ -128,17 +148,19 @@ void validate(const ResNetOptions& options) {
 
 // torchvision's ResNet._make_layer; `inplanes` is updated to the layer's output width.
 template <typename Block>
-nn::Sequential make_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int64_t stride) {
+nn::Sequential make_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int64_t stride,
+                          const ArchSpec& arch) {
   nn::Sequential downsample{nullptr};
   if (stride != 1 || inplanes != planes * Block::Impl::kExpansion) {
     downsample = nn::Sequential(conv1x1(inplanes, planes * Block::Impl::kExpansion, stride),
                                 batch_norm(planes * Block::Impl::kExpansion));
   }
   nn::Sequential layer;
-  layer->push_back(Block(inplanes, planes, stride, downsample));
+  layer->push_back(Block(inplanes, planes, stride, downsample, arch.groups, arch.base_width));
   inplanes = planes * Block::Impl::kExpansion;
   for (int64_t i = 1; i < blocks; ++i) {
-    layer->push_back(Block(inplanes, planes, 1, nn::Sequential{nullptr}));
+    layer->push_back(
+        Block(inplanes, planes, 1, nn::Sequential{nullptr}, arch.groups, arch.base_width));
   }
   return layer;
 }
@@ -162,8 +184,8 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
   for (int i = 0; i < 4; ++i) {
     const int64_t stride = i == 0 ? 1 : 2;
     nn::Sequential layer =
-        spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride)
-                        : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride);
+        spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride, spec)
+                        : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride, spec);
     *layers[i] = register_module("layer" + std::to_string(i + 1), layer);
   }
   feature_dim_ = inplanes;

@@ -153,7 +153,8 @@ const std::vector<Bad> kBad = {
      {},
      false,
      {"job.yaml:2: model.arch: expected one of "
-      "resnet18|resnet34|resnet50|resnet101|resnet152, got 'vgg16'"}},
+      "resnet18|resnet34|resnet50|resnet101|resnet152|resnext50_32x4d|resnext101_32x8d|"
+      "resnext101_64x4d|wide_resnet50_2|wide_resnet101_2, got 'vgg16'"}},
     {"bad train format",
      "data:\n  train:\n    path: /d\n    format: tfrecords\n",
      {},

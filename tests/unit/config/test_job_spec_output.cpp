@@ -374,7 +374,8 @@ TEST_CASE("field_reference lists every field with its default and doc", "[config
   CHECK_THAT(ref, Contains("# base learning rate (tutorial: Adam 1e-4)"));
   CHECK_THAT(ref, Contains("  model.num_classes = auto"));
   CHECK_THAT(ref, Contains("  model.pretrained = \"\""));
-  CHECK_THAT(ref, Contains("(resnet18|resnet34|resnet50|resnet101|resnet152)"));
+  CHECK_THAT(ref, Contains("(resnet18|resnet34|resnet50|resnet101|resnet152|resnext50_32x4d|"
+                           "resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2)"));
   CHECK_THAT(ref, StartsWith("model: "));
   CHECK_THAT(ref, Contains("\ntrain: "));
   const JobSpec defaults;

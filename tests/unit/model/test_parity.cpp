@@ -33,7 +33,10 @@ TEST_CASE("ResNet matches torchvision both ways", "[parity]") {
   const std::string script =
       std::string(TRAINER_SOURCE_DIR) + "/tests/parity/torchvision_parity.py";
 
-  const std::vector<ResNetOptions> variants = {{"resnet50", 5, 0}, {"resnet18", 3, 16}};
+  const std::vector<ResNetOptions> variants = {{"resnet50", 5, 0},
+                                               {"resnet18", 3, 16},
+                                               {"resnext50_32x4d", 5, 0},
+                                               {"wide_resnet50_2", 4, 0}};
   for (const ResNetOptions& options : variants) {
     INFO(options.arch << " num_classes " << options.num_classes << " head_hidden "
                       << options.head_hidden);

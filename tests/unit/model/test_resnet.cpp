@@ -48,11 +48,16 @@ std::string config_error_of(const ResNetOptions& options) {
 TEST_CASE("parameter counts equal torchvision's", "[resnet]") {
   // sum(p.numel() for p in torchvision.models.resnetXX().parameters()), torchvision 0.14.
   const std::vector<std::pair<std::string, int64_t>> expected = {
-      {"resnet18", 11689512},  {"resnet34", 21797672},  {"resnet50", 25557032},
-      {"resnet101", 44549160}, {"resnet152", 60192808},
+      {"resnet18", 11689512},         {"resnet34", 21797672},
+      {"resnet50", 25557032},         {"resnet101", 44549160},
+      {"resnet152", 60192808},        {"resnext50_32x4d", 25028904},
+      {"resnext101_32x8d", 88791336}, {"resnext101_64x4d", 83455272},
+      {"wide_resnet50_2", 68883240},  {"wide_resnet101_2", 126886696},
   };
-  REQUIRE(supported_archs() ==
-          std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"});
+  REQUIRE(supported_archs() == std::vector<std::string>{"resnet18", "resnet34", "resnet50",
+                                                        "resnet101", "resnet152", "resnext50_32x4d",
+                                                        "resnext101_32x8d", "resnext101_64x4d",
+                                                        "wide_resnet50_2", "wide_resnet101_2"});
   for (const auto& [arch, count] : expected) {
     INFO(arch);
     ResNet net = make_resnet({arch, 1000, 0});
@@ -157,7 +162,8 @@ TEST_CASE("initialisation follows torchvision", "[resnet]") {
 
 TEST_CASE("make_resnet rejects bad options with ConfigError", "[resnet]") {
   CHECK(config_error_of({"resnet51", 10, 0}) ==
-        "model.arch: expected one of resnet18|resnet34|resnet50|resnet101|resnet152, got "
+        "model.arch: expected one of resnet18|resnet34|resnet50|resnet101|resnet152|"
+        "resnext50_32x4d|resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2, got "
         "'resnet51'");
   CHECK_THAT(config_error_of({"resnet18", 0, 0}),
              trainer::test::Contains("model.num_classes") && trainer::test::Contains("got 0"));
