@@ -24,7 +24,8 @@
 # large library's share. Time on 2 cores, cold: about an hour (the wheels and the CUDA build).
 # Environment: TRAINER_DEBIAN_RELEASE=bookworm|trixie (default: the Dockerfile's
 # DEBIAN_RELEASE) builds on that Debian (--build-arg DEBIAN_RELEASE); TRAINER_DOCKER_ENGINE=docker|buildah forces an engine; KEEP_WORK=1 keeps the
-# host-side data/job dirs (printed). Exits non-zero, naming the failed step, on any failure.
+# host-side data/job dirs (printed); TRAINER_DOCKER_SKIP_BUILD=1 checks the image already tagged
+# without building it. Exits non-zero, naming the failed step, on any failure.
 # Time on 2 cores: 20-50 min cold (base image, apt in both stages, the build), ~15-20 min after a
 # source change (cached apt layers), ~2 min with nothing changed. buildah's vfs storage takes
 # ~16 GB under /var/lib/containers/storage (`buildah --storage-driver vfs rmi --all` frees it).
@@ -204,7 +205,13 @@ ensure_base
 
 step "building the image from $dockerfile ($engine)"
 build_start=$(date +%s)
-if [[ $engine == docker ]]; then
+if [[ ${TRAINER_DOCKER_SKIP_BUILD:-0} == 1 ]]; then
+  # Check the image already built under the tag (e.g. one whose build finished but whose checks
+  # were cut short), without building it again.
+  have_image "$image" || have_image "localhost/$image" ||
+    fail "TRAINER_DOCKER_SKIP_BUILD=1, but there is no image $image to check"
+  echo "TRAINER_DOCKER_SKIP_BUILD=1: checking the existing image $image"
+elif [[ $engine == docker ]]; then
   docker build -f "$dockerfile" --build-arg "DEBIAN_RELEASE=$release" -t "$image" . ||
     fail "docker build -f $dockerfile"
 else
