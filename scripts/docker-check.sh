@@ -285,7 +285,7 @@ if ((cuda)); then
   rc=0
   err=$(run --config /opt/trainer/configs/quickstart.yaml --epochs 1 --set train.device=cuda \
           --job-dir jobs/cuda 2>&1 >/dev/null) || rc=$?
-  echo "$err" | tail -n 2
+  grep "train.device" <<<"$err" | tail -n 1
   [[ $rc == 2 ]] || fail "train.device=cuda exited $rc, not 2"
   grep -q "NVIDIA driver\|no CUDA GPU\|shows no GPU" <<<"$err" ||
     fail "train.device=cuda: the message names no driver or GPU"
