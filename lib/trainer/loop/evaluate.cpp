@@ -108,8 +108,11 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
   // host summed it (each batch's float32 sum, then a double addition): the same bits on the CPU.
   const auto on_device = torch::TensorOptions().device(settings.device);
   torch::Tensor loss_sum = torch::zeros({}, on_device.dtype(torch::kFloat64));
+  // Counts as float64 (exact to 2^53): they grow by a one-hot product, which neither reads
+  // anything back (bincount would: it sizes its output from the largest value) nor adds
+  // atomically (index_add_ would, non-deterministically on CUDA).
   torch::Tensor confusion =
-      torch::zeros({num_classes * num_classes}, on_device.dtype(torch::kLong));
+      torch::zeros({num_classes, num_classes}, on_device.dtype(torch::kFloat64));
   StepSyncCheck no_sync(settings.device, /*announce=*/false);  // TRAINER_CUDA_SYNC_DEBUG
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
@@ -141,14 +144,15 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
     const torch::Tensor losses = torch::nn::functional::cross_entropy(
         logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     loss_sum += losses.sum().to(torch::kFloat64);
-    // One count per (true, predicted) cell; bincount without weights is deterministic on CUDA.
-    confusion +=
-        torch::bincount(target * num_classes + logits.argmax(1), {}, num_classes * num_classes);
+    confusion += torch::one_hot(target, num_classes)
+                     .to(torch::kFloat64)
+                     .t()
+                     .mm(torch::one_hot(logits.argmax(1), num_classes).to(torch::kFloat64));
     counts.num_examples += truth.size(0);
     no_sync.end_step();
   }
   counts.loss_sum = loss_sum.item<double>();
-  const torch::Tensor cells = confusion.to(torch::kCPU).contiguous();
+  const torch::Tensor cells = confusion.to(torch::kCPU, torch::kLong).contiguous();
   const auto* c = cells.data_ptr<int64_t>();
   for (size_t i = 0; i < counts.confusion.size(); ++i) {
     for (size_t j = 0; j < counts.confusion.size(); ++j) {
