@@ -164,9 +164,8 @@ data::LoaderOptions base_options(const config::DataSpec& data, const config::Tra
 }
 }  // namespace
 
-data::PreprocessOptions eval_preprocess(const config::DataSpec& data,
-                                        const config::TrainSpec& train) {
-  data::PreprocessOptions p = base_options(data, train, 1).preprocess;
+data::PreprocessOptions eval_preprocess(const config::DataSpec& data) {
+  data::PreprocessOptions p = base_options(data, config::TrainSpec{}, 1).preprocess;
   p.train = false;
   return p;
 }
@@ -217,7 +216,7 @@ std::unique_ptr<data::Loader> make_eval_loader(const config::DataSpec& data,
   data::LoaderOptions o = base_options(data, config::TrainSpec{}, reading.decode_threads);
   o.record_format = listing.record_format;
   o.num_classes = reading.num_classes;
-  o.preprocess.train = false;
+  o.preprocess = eval_preprocess(data);
   if (reading.model) {
     o.preprocess = inference_preprocess(*reading.model);
     o.cache = false;  // one pass

@@ -67,9 +67,8 @@ data::LoaderOptions train_loader_options(const config::DataSpec& data,
                                          int decode_threads);
 
 // The preprocessing of the spec as an evaluation applies it (train = false: the eval resize and
-// crop, no augmentation), without a training plan.
-data::PreprocessOptions eval_preprocess(const config::DataSpec& data,
-                                        const config::TrainSpec& train);
+// crop, no augmentation), without a training plan: what make_eval_loader's batches get.
+data::PreprocessOptions eval_preprocess(const config::DataSpec& data);
 
 // How an evaluation pass reads its listing (validation in training, the sidecar evaluator,
 // `trainer evaluate`).

@@ -127,7 +127,7 @@ int run_preview(const PreviewOptions& options, std::ostream& out) {
     loader = make_eval_loader(
         spec.data, listing,
         EvalReading{spec.train.per_replica_batch_size, plan.num_classes, budget.decode, 0, 1});
-    preprocess = eval_preprocess(spec.data, spec.train);
+    preprocess = eval_preprocess(spec.data);
   }
   const data::ImagePipeline pipeline(preprocess);
   const data::Normalize mode = data::parse_normalize(spec.data.normalize);
