@@ -9,7 +9,7 @@
 #include "harness.h"
 #include "onnx_check.h"
 #include "trainer/loop/model_dir.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 using namespace trainer::testing;
 using trainer::test::Contains;
@@ -52,7 +52,7 @@ std::vector<std::string> test_images(const TempDir& dir) {
 void write_model_dir(const fs::path& dir, const std::string& arch, int64_t hidden, int size,
                      const torch::Tensor& images) {
   torch::manual_seed(11);
-  trainer::model::ResNet net = trainer::model::make_resnet({arch, 3, hidden});
+  trainer::model::Net net = trainer::model::make_net({arch, 3, hidden});
   torch::NoGradGuard no_grad;
   for (auto& item : net->named_buffers()) {
     if (item.key().find("running_mean") != std::string::npos) item.value().uniform_(-0.1, 0.1);
@@ -165,7 +165,7 @@ TEST_CASE("ONNX export refuses a damaged model (exit 3) and an existing --out (e
   info.num_classes = 2;
   info.class_names = {"a", "b"};
   info.image_size = 32;
-  trainer::train::export_model(dir / "model", trainer::model::make_resnet({"resnet18", 2, 0}),
+  trainer::train::export_model(dir / "model", trainer::model::make_net({"resnet18", 2, 0}),
                                info);
   const std::string weights = slurp(dir / "model" / "model.safetensors");
   const auto refused_as_damaged = [&](const std::string& bytes) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity of trainer's C++ ResNet with torchvision (run by tests/unit/model/test_parity.cpp).
+"""Parity of trainer's C++ networks with torchvision (run by tests/unit/model/test_parity.cpp).
 
 1. Loads the C++ model's state dict (--ours-state) into torchvision.models.<arch>() with
    load_state_dict(strict=True), checks the key order, evaluates the input from --ours-io in eval
@@ -73,9 +73,14 @@ def write_safetensors(path, tensors, metadata=None):
 def build(arch, num_classes, head_hidden):
     model = getattr(torchvision.models, arch)(num_classes=num_classes)
     if head_hidden > 0:
-        features = model.fc.in_features
-        model.fc = torch.nn.Sequential(torch.nn.Linear(features, head_hidden), torch.nn.ReLU(),
-                                       torch.nn.Linear(head_hidden, num_classes))
+        def hidden(features):
+            return [torch.nn.Linear(features, head_hidden), torch.nn.ReLU(),
+                    torch.nn.Linear(head_hidden, num_classes)]
+        if arch.startswith("efficientnet"):  # after torchvision's Dropout: classifier.1, .3
+            dropout, linear = model.classifier[0], model.classifier[1]
+            model.classifier = torch.nn.Sequential(dropout, *hidden(linear.in_features))
+        else:  # fc.0, fc.2
+            model.fc = torch.nn.Sequential(*hidden(model.fc.in_features))
     return model
 
 

@@ -61,19 +61,25 @@ void visit(ModelSpec& s, V& v) {
   v("arch", s.arch,
     Field("network architecture")
         .one_of({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
-                 "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2"}));
+                 "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2",
+                 "efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
+                 "efficientnet_b4"}));
   v("num_classes", s.num_classes,
     Field("classifier outputs (auto = the number of classes in the data)")
         .at_least(0)
         .at_most(kMaxClasses)
         .zero_means("auto"));
   v("head_hidden", s.head_hidden,
-    Field("0 = one fc; N = fc.0 Linear(N) + ReLU + fc.2 Linear(classes)")
+    Field("0 = torchvision's classifier; N = Linear(N) + ReLU + Linear(classes) (fc.0/fc.2; "
+          "EfficientNet: classifier.1/classifier.3 after its dropout)")
         .at_least(0)
         .at_most(kMaxHeadHidden));
   v("pretrained", s.pretrained,
-    Field("torchvision weights to start from: .pth (torch.save) or .safetensors (\"\" = none)"));
-  v("freeze_backbone", s.freeze_backbone, Field("train only the classifier (fc*)"));
+    Field("ImageNet weights to start from: a .pth (torch.save) or .safetensors path, an "
+          "http(s):// URL, or torchvision:NAME (IMAGENET1K_V1, IMAGENET1K_V2, DEFAULT), fetched "
+          "into $TORCH_HOME/hub/checkpoints (\"\" = none)"));
+  v("freeze_backbone", s.freeze_backbone,
+    Field("train only the classifier (fc*; EfficientNet: classifier*, all of features frozen)"));
   v("freeze_batchnorm", s.freeze_batchnorm, Field("BN layers stay in eval mode, statistics fixed"));
   v("sync_batchnorm", s.sync_batchnorm,
     Field("BN statistics in training over the global batch, not each replica's (SyncBatchNorm)"));

@@ -29,11 +29,11 @@ inline constexpr double kMaxTimeoutS = 7 * 86400;  // distributed.*timeout_s: a 
 using SourceSpec = data::SourceOptions;
 
 struct ModelSpec {
-  std::string arch = "resnet50";  // resnet18 | resnet34 | resnet50 | resnet101 | resnet152
+  std::string arch = "resnet50";  // one of model::supported_archs() (ResNet family, EfficientNet)
   int num_classes = 0;            // 0 (written `auto`) = number of classes in the data
   int head_hidden = 0;            // 0 = torchvision's single `fc`; N = fc.0 Linear(N) + ReLU +
                                   // fc.2 Linear(classes), the tutorial's Dense(N, relu) head
-  std::string pretrained;         // torchvision weights, .pth or .safetensors ("" = none)
+  std::string pretrained;         // .pth/.safetensors path, URL or torchvision:NAME ("" = none)
   bool freeze_backbone = false;   // train only the classifier (`fc*`)
   bool freeze_batchnorm = false;  // BN layers stay in eval mode, statistics fixed
   bool sync_batchnorm = false;    // BN statistics in training over the global batch (SyncBN)

@@ -343,7 +343,7 @@ int run_evaluate(const EvaluateOptions& options, std::ostream& out) {
       resolve_device(spec.train.device, spec.distributed.backend, {}).device;
   activate_device(device);
   ModelSettings settings = inference_settings(loaded.info, device);
-  model::ResNet net = loaded.net;
+  model::Net net = loaded.net;
   place_model(net, settings);
   const EvalCounts counts = evaluate(net, *loader, loaded.info.num_classes, settings, tta);
   nlohmann::json doc = counts.to_json(loaded.info.class_names);

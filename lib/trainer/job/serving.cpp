@@ -126,7 +126,7 @@ int run_predict(const PredictOptions& options, std::ostream& stream) {
   data::Loader loader(std::move(examples), lo);
 
   ModelSettings settings = inference_settings(loaded.info, torch::kCPU);
-  model::ResNet net = loaded.net;
+  model::Net net = loaded.net;
   place_model(net, settings);
   net->eval();
   torch::NoGradGuard no_grad;

@@ -15,7 +15,7 @@
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/model_dir.h"
 #include "trainer/loop/runtime.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"
@@ -150,7 +150,7 @@ class Evaluator {
   ModelSettings settings_;
   DataPlan plan_;
   std::unique_ptr<data::Loader> loader_;
-  model::ResNet net_{nullptr};
+  model::Net net_{nullptr};
   int64_t final_step_ = std::numeric_limits<int64_t>::max();
   fs::path metrics_path_;
   std::set<int64_t> done_;

@@ -20,7 +20,7 @@
 #include "trainer/loop/schedule.h"
 #include "trainer/loop/step.h"
 #include "trainer/loop/watch.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/device.h"
 #include "trainer/util/error.h"
 #include "trainer/util/log.h"
@@ -32,7 +32,7 @@ namespace trainer::train {
 namespace {
 
 void log_plan(const config::JobSpec& spec, const DataPlan& plan, const TrainContext& ctx,
-              const model::ResNet& net) {
+              const model::Net& net) {
   const ModelSettings& settings = ctx.settings;
   spdlog::info("model {} ({} classes{}), {} parameters", spec.model.arch, plan.num_classes,
                spec.model.head_hidden > 0 ? fmt::format(", head {}", spec.model.head_hidden) : "",
@@ -128,7 +128,7 @@ class ChiefWrites {
   }
 
   // The weights the export holds: the EMA's unless export.weights: raw (or no EMA).
-  model::ResNet& exported_net() {
+  model::Net& exported_net() {
     if (ema_ != nullptr && spec_.export_.weights == "ema") return ema_->net();
     return stepper_.net();
   }
@@ -338,7 +338,7 @@ TrainSummary train_job(const config::JobSpec& spec, const TrainContext& ctx) {
       sync_check.begin_step();
       const uint64_t mix_seed =
           batch_mix_seed(spec.data.seed, pos.epoch, batch->index, plan.worker);
-      const StepResult r = stepper.step(*batch, lr, mix_seed);
+      const StepResult r = stepper.step(*batch, lr, mix_seed, pos.epoch);
       if (ema && batch->index % spec.train.ema.every_steps == 0) {
         ema->update(stepper.net());
         // torchvision: during the warm-up the average restarts at every update.

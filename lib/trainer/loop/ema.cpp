@@ -9,21 +9,21 @@ namespace trainer::train {
 
 namespace {
 
-std::vector<torch::Tensor> state_tensors(const model::ResNet& net) {
+std::vector<torch::Tensor> state_tensors(const model::Net& net) {
   std::vector<torch::Tensor> out = net->parameters();
   for (const auto& b : net->buffers()) out.push_back(b);
   return out;
 }
 
-model::ResNet fresh_like(const config::ModelSpec& spec, int64_t num_classes) {
-  // make_resnet initialises from the global CPU generator; leave its state as it was.
+model::Net fresh_like(const config::ModelSpec& spec, int64_t num_classes) {
+  // make_net initialises from the global CPU generator; leave its state as it was.
   auto gen = at::detail::getDefaultCPUGenerator();
   torch::Tensor saved;
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     saved = gen.get_state();
   }
-  model::ResNet net = model::make_resnet({spec.arch, num_classes, spec.head_hidden});
+  model::Net net = model::make_net({spec.arch, num_classes, spec.head_hidden});
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(saved);
@@ -40,7 +40,7 @@ double adjusted_ema_decay(double decay, int64_t global_batch, int64_t every_step
   return 1.0 - alpha;
 }
 
-WeightEma::WeightEma(const model::ResNet& net, const config::ModelSpec& spec, int64_t num_classes,
+WeightEma::WeightEma(const model::Net& net, const config::ModelSpec& spec, int64_t num_classes,
                      const ModelSettings& settings, double decay)
     : ema_(fresh_like(spec, num_classes)), decay_(decay) {
   place_model(ema_, settings);
@@ -52,7 +52,7 @@ WeightEma::WeightEma(const model::ResNet& net, const config::ModelSpec& spec, in
   for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
 }
 
-void WeightEma::update(const model::ResNet& net) {
+void WeightEma::update(const model::Net& net) {
   torch::NoGradGuard no_grad;
   const auto from = state_tensors(net);
   const auto to = state_tensors(ema_);

@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "trainer/loop/runtime.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 
 namespace trainer::train {
@@ -29,23 +29,23 @@ class WeightEma {
   // A network of the same architecture as `net`, placed as `settings` says, holding a copy of
   // `net`'s weights (count 0: the first update copies again). The global CPU generator is left
   // as it was.
-  WeightEma(const model::ResNet& net, const config::ModelSpec& spec, int64_t num_classes,
+  WeightEma(const model::Net& net, const config::ModelSpec& spec, int64_t num_classes,
             const ModelSettings& settings, double decay);
 
-  void update(const model::ResNet& net);
+  void update(const model::Net& net);
   void reset_count() { count_ = 0; }
   int64_t count() const { return count_; }
   double decay() const { return decay_; }
 
-  model::ResNet& net() { return ema_; }
-  const model::ResNet& net() const { return ema_; }
+  model::Net& net() { return ema_; }
+  const model::Net& net() const { return ema_; }
 
   // For checkpoints: the averaged state dict and the count.
   model::StateDict state() const;
   void restore(const model::StateDict& tensors, int64_t count, const std::string& origin);
 
  private:
-  model::ResNet ema_;
+  model::Net ema_;
   double decay_;
   int64_t count_ = 0;
 };

@@ -22,7 +22,7 @@ void EpochValidation::report(std::map<std::string, double>* metrics, std::string
   *line += fmt::format("; EMA loss {:.4f} acc {:.4f}", ema->loss(), ema->accuracy());
 }
 
-EpochValidation validate_epoch(dist::ProcessGroup& group, model::ResNet& net, WeightEma* ema,
+EpochValidation validate_epoch(dist::ProcessGroup& group, model::Net& net, WeightEma* ema,
                                data::Loader& loader, int64_t num_classes,
                                const ModelSettings& settings) {
   EpochValidation v;

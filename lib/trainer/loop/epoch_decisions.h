@@ -20,7 +20,7 @@
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/runtime.h"
 #include "trainer/loop/watch.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::train {
 
@@ -35,7 +35,7 @@ struct EpochValidation {
 
 // Evaluates `net` (and `ema`'s average when not null) on `loader`, summed over `group`. The
 // model is left in eval mode: the caller sets its training mode again.
-EpochValidation validate_epoch(dist::ProcessGroup& group, model::ResNet& net, WeightEma* ema,
+EpochValidation validate_epoch(dist::ProcessGroup& group, model::Net& net, WeightEma* ema,
                                data::Loader& loader, int64_t num_classes,
                                const ModelSettings& settings);
 

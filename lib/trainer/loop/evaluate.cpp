@@ -68,7 +68,7 @@ std::vector<torch::Tensor> tta_views(const torch::Tensor& input, Tta tta) {
   return views;
 }
 
-torch::Tensor tta_log_probabilities(model::ResNet& net, const torch::Tensor& input,
+torch::Tensor tta_log_probabilities(model::Net& net, const torch::Tensor& input,
                                     const ModelSettings& settings, Tta tta) {
   const std::vector<torch::Tensor> views = tta_views(input, tta);
   std::vector<torch::Tensor> log_probs;
@@ -84,7 +84,7 @@ torch::Tensor tta_log_probabilities(model::ResNet& net, const torch::Tensor& inp
          std::log(static_cast<double>(log_probs.size()));
 }
 
-EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
+EvalCounts evaluate(model::Net& net, data::Loader& loader, int64_t num_classes,
                     const ModelSettings& settings, Tta tta) {
   // Restores every module's own train/eval mode on every way out (so BatchNorm layers frozen by
   // set_batchnorm_eval stay frozen, and a DataError from the loader leaves the model as it was).
@@ -162,7 +162,7 @@ EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classe
   return counts;
 }
 
-EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::ResNet& net, data::Loader& loader,
+EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::Net& net, data::Loader& loader,
                                 int64_t num_classes, const ModelSettings& settings) {
   EvalCounts counts = evaluate(net, loader, num_classes, settings);
   if (group.world_size() == 1) return counts;

@@ -14,7 +14,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/loop/runtime.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::train {
 
@@ -43,19 +43,19 @@ std::vector<torch::Tensor> tta_views(const torch::Tensor& input, Tta tta);
 // otherwise the log of the mean over tta_views of each view's softmax (computed as
 // logsumexp(log_softmax) - log(views), so no probability underflows to log 0). One forward
 // (forward_logits, under settings' precision) per view. Call in eval mode without grad.
-torch::Tensor tta_log_probabilities(model::ResNet& net, const torch::Tensor& input,
+torch::Tensor tta_log_probabilities(model::Net& net, const torch::Tensor& input,
                                     const ModelSettings& settings, Tta tta);
 
 // Runs the model (eval mode, no grad) over every batch of `loader`'s epoch 0 and returns the
 // counts. The model's train/eval mode is restored afterwards (also when it throws). A label
 // outside 0..num_classes-1 is a DataError. With `tta` other than kNone, the loss and the
 // prediction come from the averaged softmax (tta_log_probabilities); kNone is the plain forward.
-EvalCounts evaluate(model::ResNet& net, data::Loader& loader, int64_t num_classes,
+EvalCounts evaluate(model::Net& net, data::Loader& loader, int64_t num_classes,
                     const ModelSettings& settings, Tta tta = Tta::kNone);
 
 // Validation on this worker's part, with the counts summed over all workers: each example is
 // evaluated once across the cluster, so the result equals a single-worker evaluation.
-EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::ResNet& net, data::Loader& loader,
+EvalCounts evaluate_distributed(dist::ProcessGroup& group, model::Net& net, data::Loader& loader,
                                 int64_t num_classes, const ModelSettings& settings);
 
 }  // namespace trainer::train

@@ -112,7 +112,7 @@ nlohmann::json preprocessing_contract(const ModelInfo& info) {
           {"std", std.empty() ? nlohmann::json(nullptr) : as_written(std)}};
 }
 
-std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options) {
+std::string onnx_model(model::Net net, const ModelInfo& info, const OnnxOptions& options) {
   model::OnnxExportOptions o;
   o.opset = options.opset;
   o.image_size = info.input_size();
@@ -153,7 +153,7 @@ std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptio
   return model::export_onnx(*net, o);
 }
 
-void export_model(const fs::path& dir, const model::ResNet& net, const ModelInfo& info,
+void export_model(const fs::path& dir, const model::Net& net, const ModelInfo& info,
                   const OnnxOptions* onnx) {
   const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
   const std::string name = dir.filename().string();
@@ -273,7 +273,7 @@ LoadedModel load_model_dir(const fs::path& given) {
   LoadedModel out;
   out.info = read_model_info(json_path);
   try {
-    out.net = model::make_resnet({out.info.arch, out.info.num_classes, out.info.head_hidden});
+    out.net = model::make_net({out.info.arch, out.info.num_classes, out.info.head_hidden});
   } catch (const Error& e) {
     throw DataError("'" + json_path.string() + "': " + e.what());
   }

@@ -13,7 +13,7 @@
 
 #include "trainer/data/image.h"
 #include "trainer/loop/runtime.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::train {
 
@@ -72,17 +72,17 @@ struct OnnxOptions {
 };
 // The model as an ONNX file's bytes (model::export_onnx), with the contract, the class names
 // and model.json in its metadata_props.
-std::string onnx_model(model::ResNet net, const ModelInfo& info, const OnnxOptions& options);
+std::string onnx_model(model::Net net, const ModelInfo& info, const OnnxOptions& options);
 
 // Writes the model directory `dir`: model.safetensors, model.json and, with `onnx`, model.onnx,
 // built under a hidden name beside it (.<name>.building-<pid>) and renamed into place when every
 // file is written (util::replace_dir), so `dir` is complete or absent. A failed ONNX export
 // throws naming it, and leaves the weights in <dir>.without-onnx for predict and evaluate.
-void export_model(const std::filesystem::path& dir, const model::ResNet& net, const ModelInfo& info,
+void export_model(const std::filesystem::path& dir, const model::Net& net, const ModelInfo& info,
                   const OnnxOptions* onnx = nullptr);
 
 struct LoadedModel {
-  model::ResNet net{nullptr};
+  model::Net net{nullptr};
   ModelInfo info;
 };
 

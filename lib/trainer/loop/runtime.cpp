@@ -380,7 +380,7 @@ ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& d
   return s;
 }
 
-void place_model(model::ResNet& net, const ModelSettings& settings) {
+void place_model(model::Net& net, const ModelSettings& settings) {
   net->to(settings.device);
   if (!settings.channels_last) return;
   torch::NoGradGuard no_grad;
@@ -389,14 +389,14 @@ void place_model(model::ResNet& net, const ModelSettings& settings) {
   }
 }
 
-model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed) {
+model::Net build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed) {
   torch::manual_seed(static_cast<uint64_t>(seed));
-  model::ResNet net = model::make_resnet({spec.arch, num_classes, spec.head_hidden});
+  model::Net net = model::make_net({spec.arch, num_classes, spec.head_hidden});
   if (!spec.pretrained.empty()) {
-    const auto report = model::load_state_dict(
-        *net, model::load_weights(util::local_path(spec.pretrained, "model.pretrained")),
-        "model.pretrained '" + spec.pretrained + "'",
-        /*allow_classifier_mismatch=*/true);
+    const std::string file = util::local_path(spec.pretrained, "model.pretrained");
+    const auto report = model::load_state_dict(*net, model::load_weights(file),
+                                               "model.pretrained '" + spec.pretrained + "'",
+                                               /*allow_classifier_mismatch=*/true);
     spdlog::info("loaded pretrained weights from {}", spec.pretrained);
     if (!report.reinitialised.empty()) {
       spdlog::info("classifier differs from the pretrained file ({} tensors): freshly initialised",
@@ -517,7 +517,7 @@ HostSyncAllowed::~HostSyncAllowed() {
 #endif
 }
 
-torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,
+torch::Tensor forward_logits(model::Net& net, const torch::Tensor& input,
                              const ModelSettings& settings) {
   torch::Tensor logits;
   {

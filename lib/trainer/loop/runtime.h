@@ -13,7 +13,7 @@
 #include "trainer/cluster/local_rank.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::train {
 
@@ -140,11 +140,11 @@ ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& d
                              bool warn_emulated_bf16 = true);
 
 // Moves the model to the device (and channels_last memory format when asked).
-void place_model(model::ResNet& net, const ModelSettings& settings);
+void place_model(model::Net& net, const ModelSettings& settings);
 
 // Builds the ResNet of `spec` for `num_classes`, seeded with `seed`, loads `spec.pretrained`
 // (classifier may differ in shape: freshly initialised, logged), applies freeze_backbone.
-model::ResNet build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed);
+model::Net build_model(const config::ModelSpec& spec, int64_t num_classes, int64_t seed);
 
 // The model's input from a loader batch ([B, S, S, 3] uint8): moved to the model's device as
 // uint8 (asynchronously from pinned memory), then normalised there into float32 in the model's
@@ -207,7 +207,7 @@ class HostSyncAllowed {
 };
 
 // Forward pass under autocast (bf16 or fp16) when settings.autocast(); returns float32 logits.
-torch::Tensor forward_logits(model::ResNet& net, const torch::Tensor& input,
+torch::Tensor forward_logits(model::Net& net, const torch::Tensor& input,
                              const ModelSettings& settings);
 
 }  // namespace trainer::train

@@ -5,13 +5,14 @@
 #include <algorithm>
 
 #include "trainer/loop/optimizer.h"
+#include "trainer/util/rng.h"
 #include "trainer/util/signals.h"
 
 namespace trainer::train {
 
 namespace {
 
-std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
+std::vector<torch::Tensor> trainable_parameters(const model::Net& net) {
   std::vector<torch::Tensor> out;
   for (const auto& p : net->parameters()) {
     if (p.requires_grad()) out.push_back(p);
@@ -20,7 +21,7 @@ std::vector<torch::Tensor> trainable_parameters(const model::ResNet& net) {
 }
 
 // The BN running statistics (running_mean, running_var), averaged across replicas every step.
-std::vector<torch::Tensor> bn_statistics(const model::ResNet& net) {
+std::vector<torch::Tensor> bn_statistics(const model::Net& net) {
   std::vector<torch::Tensor> out;
   for (const auto& item : net->named_buffers()) {
     if (item.value().is_floating_point() && item.key().find("running_") != std::string::npos) {
@@ -41,7 +42,7 @@ class GroupStatsReducer : public model::StatsReducer {
   dist::ProcessGroup& group_;
 };
 
-model::ResNet placed(model::ResNet net, const ModelSettings& settings) {
+model::Net placed(model::Net net, const ModelSettings& settings) {
   place_model(net, settings);
   return net;
 }
@@ -49,7 +50,7 @@ model::ResNet placed(model::ResNet net, const ModelSettings& settings) {
 }  // namespace
 
 Stepper::Stepper(const config::JobSpec& spec, const ModelSettings& settings, bool distributed,
-                 model::ResNet net)
+                 model::Net net)
     : spec_(spec),
       settings_(settings),
       distributed_(distributed),
@@ -96,7 +97,13 @@ void Stepper::connect(dist::ProcessGroup& group) {
   }
 }
 
-StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed) {
+uint64_t example_noise_seed(int64_t data_seed, int64_t epoch, int64_t example) {
+  constexpr uint64_t kNoiseStream = 0x6e6f697365726f77ULL;  // "noiserow"
+  return util::mix_seed(static_cast<uint64_t>(data_seed),
+                        {static_cast<uint64_t>(epoch), static_cast<uint64_t>(example), kNoiseStream});
+}
+
+StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed, int64_t epoch) {
   set_learning_rate(*optimizer_, lr);
   // Reset, not zero: the first backward hands its gradient over without a fill and an add.
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
@@ -144,6 +151,14 @@ StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed)
         target = m.targets;
       }
       const torch::Tensor labels = target.dim() == 2 ? target.argmax(1) : target;
+      std::vector<uint64_t> row_seeds;  // a batch without example indices: torch's generator
+      if (static_cast<int64_t>(batch.indices.size()) == r.examples) {
+        for (int64_t i = start; i < start + len; ++i) {
+          row_seeds.push_back(
+              example_noise_seed(spec_.data.seed, epoch, batch.indices[static_cast<size_t>(i)]));
+        }
+      }
+      net_->set_row_seeds(std::move(row_seeds));
       const torch::Tensor logits = forward_logits(net_, input, settings_);
       torch::Tensor loss;   // this micro-batch's mean loss (metrics)
       torch::Tensor share;  // its part of the batch's loss: the parts add up to the batch's
@@ -162,6 +177,7 @@ StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed)
       r.correct = r.correct.defined() ? r.correct + hits : hits;
     }
   }
+  net_->set_row_seeds({});
   sync_->set_accumulating(false);
   sync_->finish();
   bool step_ok = true;
@@ -195,12 +211,12 @@ bool Stepper::stop_everywhere() const {
   return distributed_ ? sync_->last_step().stop_votes > 0 : util::stop_requested();
 }
 
-void set_train_mode(model::ResNet& net, const config::ModelSpec& spec) {
+void set_train_mode(model::Net& net, const config::ModelSpec& spec) {
   net->train();
   if (spec.freeze_batchnorm) model::set_batchnorm_eval(*net);
 }
 
-std::vector<torch::Tensor> replica_state(const model::ResNet& net) {
+std::vector<torch::Tensor> replica_state(const model::Net& net) {
   std::vector<torch::Tensor> state = net->parameters();
   for (const auto& b : net->buffers()) state.push_back(b);
   return state;

@@ -21,7 +21,7 @@
 #include "trainer/loop/losses.h"
 #include "trainer/loop/mixing.h"
 #include "trainer/loop/runtime.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::train {
 
@@ -41,9 +41,9 @@ class Stepper {
   // `net` is placed on settings.device (place_model) before the optimizer is built.
   // distributed: more than one replica (the group's world size > 1).
   Stepper(const config::JobSpec& spec, const ModelSettings& settings, bool distributed,
-          model::ResNet net);
+          model::Net net);
 
-  model::ResNet& net() { return net_; }
+  model::Net& net() { return net_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
 
@@ -53,7 +53,10 @@ class Stepper {
 
   // `mix_seed` draws the batch's mixup/CutMix (train.mixup_alpha, train.cutmix_alpha; unused
   // when both are 0): a function of the position and the replica, so a resumed job mixes alike.
-  StepResult step(const data::Batch& batch, double lr, uint64_t mix_seed = 0);
+  // The model's own draws (EfficientNet's stochastic depth and dropout) are per example, from
+  // example_noise_seed(data.seed, epoch, example): alike whatever the split into replicas and
+  // micro-batches, and after a resume.
+  StepResult step(const data::Batch& batch, double lr, uint64_t mix_seed = 0, int64_t epoch = 0);
 
   // train.class_weights resolved for the data (class_weights() of losses.h); {} = none.
   void set_class_weights(const std::vector<double>& weights);
@@ -69,7 +72,7 @@ class Stepper {
   const config::JobSpec& spec_;
   const ModelSettings& settings_;
   const bool distributed_;
-  model::ResNet net_;
+  model::Net net_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossScaler scaler_;
@@ -80,13 +83,16 @@ class Stepper {
 };
 
 // Training mode, with the BatchNorm layers left in eval mode when model.freeze_batchnorm.
-void set_train_mode(model::ResNet& net, const config::ModelSpec& spec);
+// The seed of example `example`'s draws in the model's random layers in epoch `epoch`.
+uint64_t example_noise_seed(int64_t data_seed, int64_t epoch, int64_t example);
+
+void set_train_mode(model::Net& net, const config::ModelSpec& spec);
 
 // torch.nn.utils.clip_grad_norm_ (L2, Python's: no host sync): scales every gradient by
 // min(1, max_norm / (total_norm + 1e-6)); returns the total norm (a device scalar).
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 // Parameters and buffers: what the replicas must hold identically.
-std::vector<torch::Tensor> replica_state(const model::ResNet& net);
+std::vector<torch::Tensor> replica_state(const model::Net& net);
 
 }  // namespace trainer::train

@@ -17,7 +17,7 @@ using onnx::Attribute;
 
 [[noreturn]] void not_resnet(const std::string& what) {
   throw Error(ErrorKind::kInternal,
-              "ONNX export: the module is not torchvision's ResNet (" + what + ")");
+              "ONNX export: the module is not torchvision's layout (" + what + ")");
 }
 
 std::vector<float> to_floats(const torch::Tensor& t) {
@@ -30,7 +30,7 @@ std::vector<int64_t> dims_of(const torch::Tensor& t) { return t.sizes().vec(); }
 // Walks the module in forward order and writes the nodes; each emit returns its output's name.
 class Writer {
  public:
-  explicit Writer(ResNetImpl& net) {
+  explicit Writer(NetImpl& net) {
     for (const auto& item : net.named_modules("", /*include_self=*/false)) {
       modules_[item.key()] = item.value();
       if (item.value()->as<nn::Conv2d>()) ++convs_total_;
@@ -51,7 +51,7 @@ class Writer {
     const auto stride = std::vector<int64_t>(o.stride()->begin(), o.stride()->end());
     const auto dilation = std::vector<int64_t>(o.dilation()->begin(), o.dilation()->end());
     if (dilation != std::vector<int64_t>{1, 1}) not_resnet(conv_name + ": dilation");
-    // torchvision's ResNet pads every convolution by kernel / 2 (7 -> 3, 3 -> 1, 1 -> 0).
+    // torchvision pads every convolution by (kernel - 1) / 2 (7 -> 3, 5 -> 2, 3 -> 1, 1 -> 0).
     const int64_t ph = kernel[0] / 2;
     const int64_t pw = kernel[1] / 2;
 
@@ -81,6 +81,33 @@ class Writer {
     graph_.add_node("Relu", {input}, {out});
     return out;
   }
+
+  // SiLU as x * Sigmoid(x) (ONNX has no SiLU operator before opset 24).
+  std::string silu(const std::string& input, const std::string& out) {
+    graph_.add_node("Sigmoid", {input}, {out + ".sigmoid"});
+    graph_.add_node("Mul", {input, out + ".sigmoid"}, {out});
+    return out;
+  }
+
+  // A convolution with its own bias and no BatchNorm (squeeze-and-excitation's 1x1 fc1, fc2).
+  std::string conv(const std::string& input, const std::string& conv_name) {
+    auto* c = module<nn::Conv2dImpl>(conv_name);
+    const auto& o = c->options;
+    if (!c->bias.defined()) not_resnet(conv_name + ": no bias");
+    const auto kernel = std::vector<int64_t>(o.kernel_size()->begin(), o.kernel_size()->end());
+    if (kernel != std::vector<int64_t>{1, 1}) not_resnet(conv_name + ": not 1x1");
+    graph_.add_initializer(conv_name + ".weight", dims_of(c->weight), to_floats(c->weight));
+    graph_.add_initializer(conv_name + ".bias", dims_of(c->bias), to_floats(c->bias));
+    graph_.add_node("Conv", {input, conv_name + ".weight", conv_name + ".bias"}, {conv_name},
+                    {Attribute::list("kernel_shape", kernel)});
+    ++convs_written_;
+    return conv_name;
+  }
+
+  // The convolution's stride, input and output channels.
+  int64_t stride(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.stride()->at(0); }
+  int64_t in_channels(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.in_channels(); }
+  int64_t out_channels(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.out_channels(); }
 
   // y = x W^T + b (nn::Linear), as Gemm(transB = 1).
   std::string linear(const std::string& input, const std::string& name, const std::string& out) {
@@ -134,9 +161,83 @@ std::string preprocess(onnx::Graph& g, const OnnxExportOptions& o) {
   return kOnnxInput;
 }
 
+// The ResNet family's trunk: conv1, bn1, relu, maxpool, layer1..4.
+std::string resnet_trunk(Writer& w, std::string x) {
+  onnx::Graph& g = w.graph();
+  x = w.conv_bn(x, "conv1", "bn1", /*relu=*/true);
+  g.add_node("MaxPool", {x}, {"maxpool"},
+             {Attribute::list("kernel_shape", {3, 3}), Attribute::list("strides", {2, 2}),
+              Attribute::list("pads", {1, 1, 1, 1})});
+  x = "maxpool";
+  for (int layer = 1; layer <= 4; ++layer) {
+    for (int b = 0; w.has("layer" + std::to_string(layer) + "." + std::to_string(b)); ++b) {
+      const std::string p = "layer" + std::to_string(layer) + "." + std::to_string(b) + ".";
+      const bool bottleneck = w.has(p + "conv3");
+      std::string y = w.conv_bn(x, p + "conv1", p + "bn1", true);
+      y = w.conv_bn(y, p + "conv2", p + "bn2", bottleneck);
+      if (bottleneck) y = w.conv_bn(y, p + "conv3", p + "bn3", false);
+      const std::string identity =
+          w.has(p + "downsample") ? w.conv_bn(x, p + "downsample.0", p + "downsample.1", false) : x;
+      g.add_node("Add", {y, identity}, {p + "add"});
+      x = w.relu(p + "add", p + "out");
+    }
+  }
+  return x;
+}
+
+// torchvision's Conv2dNormActivation at `p` (p.0 conv, p.1 BN, p.2 SiLU when present).
+std::string conv_norm_act(Writer& w, const std::string& x, const std::string& p) {
+  const std::string y = w.conv_bn(x, p + ".0", p + ".1", false);
+  return w.has(p + ".2") ? w.silu(y, p + ".2") : y;
+}
+
+// EfficientNet's features: the stem, the MBConv stages (expansion, depthwise, squeeze-and-
+// excitation, projection; the residual add where stride 1 keeps the width; stochastic depth is
+// the identity in eval mode) and the last 1x1 convolution.
+std::string efficientnet_trunk(Writer& w, std::string x) {
+  onnx::Graph& g = w.graph();
+  int stage = 0;
+  for (; w.has("features." + std::to_string(stage)); ++stage) {
+    const std::string s = "features." + std::to_string(stage);
+    if (!w.has(s + ".0.block")) {  // the stem and the last convolution
+      x = conv_norm_act(w, x, s);
+      continue;
+    }
+    for (int b = 0; w.has(s + "." + std::to_string(b)); ++b) {
+      const std::string p = s + "." + std::to_string(b) + ".block.";
+      std::string y = x;
+      int64_t stride = 1;
+      int last = 0;
+      for (int i = 0; w.has(p + std::to_string(i)); ++i) {
+        const std::string q = p + std::to_string(i);
+        last = i;
+        if (w.has(q + ".fc1")) {  // squeeze-and-excitation: y * sigmoid(fc2(silu(fc1(pool(y)))))
+          g.add_node("GlobalAveragePool", {y}, {q + ".avgpool"});
+          std::string z = w.silu(w.conv(q + ".avgpool", q + ".fc1"), q + ".activation");
+          z = w.conv(z, q + ".fc2");
+          g.add_node("Sigmoid", {z}, {q + ".scale"});
+          g.add_node("Mul", {y, q + ".scale"}, {q + ".out"});
+          y = q + ".out";
+        } else {
+          stride = std::max(stride, w.stride(q + ".0"));
+          y = conv_norm_act(w, y, q);
+        }
+      }
+      const std::string first = p + "0.0";
+      const std::string projection = p + std::to_string(last) + ".0";
+      if (stride == 1 && w.in_channels(first) == w.out_channels(projection)) {
+        g.add_node("Add", {y, x}, {p + "add"});
+        y = p + "add";
+      }
+      x = y;
+    }
+  }
+  return x;
+}
+
 }  // namespace
 
-std::string export_onnx(ResNetImpl& net, const OnnxExportOptions& options) {
+std::string export_onnx(NetImpl& net, const OnnxExportOptions& options) {
   if (options.opset < onnx::kMinOpset || options.opset > onnx::kMaxOpset) {
     throw ConfigError("--opset: expected " + std::to_string(onnx::kMinOpset) + " to " +
                       std::to_string(onnx::kMaxOpset) + ", got " + std::to_string(options.opset));
@@ -164,33 +265,20 @@ std::string export_onnx(ResNetImpl& net, const OnnxExportOptions& options) {
     x = kOnnxInput;
   }
 
-  x = w.conv_bn(x, "conv1", "bn1", /*relu=*/true);
-  g.add_node("MaxPool", {x}, {"maxpool"},
-             {Attribute::list("kernel_shape", {3, 3}), Attribute::list("strides", {2, 2}),
-              Attribute::list("pads", {1, 1, 1, 1})});
-  x = "maxpool";
-  for (int layer = 1; layer <= 4; ++layer) {
-    for (int b = 0; w.has("layer" + std::to_string(layer) + "." + std::to_string(b)); ++b) {
-      const std::string p = "layer" + std::to_string(layer) + "." + std::to_string(b) + ".";
-      const bool bottleneck = w.has(p + "conv3");
-      std::string y = w.conv_bn(x, p + "conv1", p + "bn1", true);
-      y = w.conv_bn(y, p + "conv2", p + "bn2", bottleneck);
-      if (bottleneck) y = w.conv_bn(y, p + "conv3", p + "bn3", false);
-      const std::string identity =
-          w.has(p + "downsample") ? w.conv_bn(x, p + "downsample.0", p + "downsample.1", false) : x;
-      g.add_node("Add", {y, identity}, {p + "add"});
-      x = w.relu(p + "add", p + "out");
-    }
-  }
+  x = net.family() == "efficientnet" ? efficientnet_trunk(w, x) : resnet_trunk(w, x);
   w.check_complete();
   g.add_node("GlobalAveragePool", {x}, {"avgpool"});
   g.add_node("Flatten", {"avgpool"}, {"features"}, {Attribute::of("axis", 1)});
-  if (w.has("fc.0")) {  // the hidden head: Linear, ReLU, Linear
-    x = w.linear("features", "fc.0", "fc.0.out");
-    x = w.relu(x, "fc.1.out");
-    w.linear(x, "fc.2", kOnnxLogits);
+  // The head; EfficientNet's Dropout (classifier.0) is the identity in eval mode.
+  const std::string head = net.family() == "efficientnet" ? "classifier" : "fc";
+  const int first = net.family() == "efficientnet" ? 1 : 0;
+  const std::string hidden = head + "." + std::to_string(first);
+  if (w.has(head + "." + std::to_string(first + 2))) {  // the hidden head: Linear, ReLU, Linear
+    x = w.linear("features", hidden, hidden + ".out");
+    x = w.relu(x, head + "." + std::to_string(first + 1) + ".out");
+    w.linear(x, head + "." + std::to_string(first + 2), kOnnxLogits);
   } else {
-    w.linear("features", "fc", kOnnxLogits);
+    w.linear("features", net.family() == "efficientnet" ? hidden : head, kOnnxLogits);
   }
   g.add_node("Softmax", {kOnnxLogits}, {kOnnxProbabilities}, {Attribute::of("axis", 1)});
   g.add_output({kOnnxLogits, onnx::ElemType::kFloat, {-1, classes}, "class scores"});

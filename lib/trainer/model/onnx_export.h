@@ -1,4 +1,4 @@
-// A trained ResNet as an ONNX model (what a serving stack reads: ONNX Runtime, OpenCV's DNN,
+// A trained classifier (model/net.h) as an ONNX model (what a serving stack reads: ONNX Runtime, OpenCV's DNN,
 // TensorRT, OpenVINO, Triton), written with the ONNX project's protobuf types through
 // model/onnx/graph.h and checked with its checker before it is returned.
 // The graph is the module's eval-mode forward: every BatchNorm is folded into the convolution
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 namespace trainer::model {
 
@@ -39,7 +39,7 @@ inline constexpr const char* kOnnxLogits = "logits";
 inline constexpr const char* kOnnxProbabilities = "probabilities";
 
 // The serialised model. Throws ConfigError for an opset outside 13..17, Error(kInternal) when
-// the module is not the torchvision ResNet layout or the checker refuses the result.
-std::string export_onnx(ResNetImpl& net, const OnnxExportOptions& options);
+// the module is not the torchvision layout or the checker refuses the result.
+std::string export_onnx(NetImpl& net, const OnnxExportOptions& options);
 
 }  // namespace trainer::model

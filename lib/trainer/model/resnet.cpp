@@ -1,4 +1,4 @@
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 
 #include <algorithm>
 #include <cmath>
@@ -125,25 +125,11 @@ constexpr ArchSpec kArchs[] = {
     {"wide_resnet101_2", true, {3, 4, 23, 3}, 1, 128},
 };
 
-const ArchSpec& find_arch(const std::string& arch) {
+const ArchSpec* find_arch(const std::string& arch) {
   for (const ArchSpec& spec : kArchs) {
-    if (arch == spec.name) return spec;
+    if (arch == spec.name) return &spec;
   }
-  std::string names;
-  for (const std::string& name : supported_archs()) names += (names.empty() ? "" : "|") + name;
-  throw ConfigError("model.arch: expected one of " + names + ", got '" + arch + "'");
-}
-
-void validate(const ResNetOptions& options) {
-  find_arch(options.arch);
-  if (options.num_classes < 1) {
-    throw ConfigError("model.num_classes: expected >= 1, got " +
-                      std::to_string(options.num_classes));
-  }
-  if (options.head_hidden < 0) {
-    throw ConfigError("model.head_hidden: expected >= 0 (0: a single Linear), got " +
-                      std::to_string(options.head_hidden));
-  }
+  return nullptr;
 }
 
 // torchvision's ResNet._make_layer; `inplanes` is updated to the layer's output width.
@@ -165,65 +151,16 @@ nn::Sequential make_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int
   return layer;
 }
 
+template <typename M>
+NamedPart part(const std::string& name, M module) {
+  return {name, module.ptr(), [module](torch::Tensor x) mutable { return module->forward(x); }};
+}
+
 }  // namespace
 
-ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
-  validate(options_);
-  const ArchSpec& spec = find_arch(options_.arch);
+bool is_resnet_arch(const std::string& arch) { return find_arch(arch) != nullptr; }
 
-  int64_t inplanes = 64;
-  conv1_ = register_module(
-      "conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false)));
-  bn1_ = register_module("bn1", batch_norm(inplanes));
-  relu_ = register_module("relu", nn::ReLU(nn::ReLUOptions(true)));
-  maxpool_ =
-      register_module("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
-
-  nn::Sequential* layers[4] = {&layer1_, &layer2_, &layer3_, &layer4_};
-  const int64_t planes[4] = {64, 128, 256, 512};
-  for (int i = 0; i < 4; ++i) {
-    const int64_t stride = i == 0 ? 1 : 2;
-    nn::Sequential layer =
-        spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride, spec)
-                        : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride, spec);
-    *layers[i] = register_module("layer" + std::to_string(i + 1), layer);
-  }
-  feature_dim_ = inplanes;
-  avgpool_ = register_module("avgpool", nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
-
-  if (options_.head_hidden == 0) {
-    fc_linear_ = register_module("fc", nn::Linear(feature_dim_, options_.num_classes));
-  } else {
-    fc_head_ = register_module(
-        "fc", nn::Sequential(nn::Linear(feature_dim_, options_.head_hidden), nn::ReLU(),
-                             nn::Linear(options_.head_hidden, options_.num_classes)));
-  }
-
-  // As torchvision: convs kaiming_normal_(fan_out, relu), BN weight 1 / bias 0, Linear keeps
-  // its nn.Linear default (done by its constructor). Module order follows self.modules().
-  apply([](nn::Module& module) {
-    if (auto* conv = dynamic_cast<nn::Conv2dImpl*>(&module)) {
-      nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* bn = dynamic_cast<BatchNormImpl*>(&module)) {
-      nn::init::ones_(bn->weight);
-      nn::init::zeros_(bn->bias);
-    }
-  });
-}
-
-torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet.forward: expected [N,3,H,W], got ",
-              x.sizes());
-  x = maxpool_(relu_(bn1_(conv1_(x))));
-  x = layer1_->forward(x);
-  x = layer2_->forward(x);
-  x = layer3_->forward(x);
-  x = layer4_->forward(x);
-  x = torch::flatten(avgpool_(x), 1);
-  return fc_linear_ ? fc_linear_(x) : fc_head_->forward(x);
-}
-
-const std::vector<std::string>& supported_archs() {
+const std::vector<std::string>& resnet_archs() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
     for (const ArchSpec& spec : kArchs) out.emplace_back(spec.name);
@@ -232,34 +169,45 @@ const std::vector<std::string>& supported_archs() {
   return names;
 }
 
-ResNet make_resnet(const ResNetOptions& options) {
-  validate(options);
-  return ResNet(options);
-}
-
-int64_t count_parameters(const torch::nn::Module& module) {
-  int64_t total = 0;
-  for (const torch::Tensor& p : module.parameters()) total += p.numel();
-  return total;
-}
-
-bool is_classifier_key(const std::string& name) {
-  return name == "fc" || name.rfind("fc.", 0) == 0;
-}
-
-void set_batchnorm_eval(torch::nn::Module& module) {
-  module.apply([](nn::Module& m) {
-    if (dynamic_cast<BatchNormImpl*>(&m) || dynamic_cast<nn::BatchNorm1dImpl*>(&m) ||
-        dynamic_cast<nn::BatchNorm2dImpl*>(&m) || dynamic_cast<nn::BatchNorm3dImpl*>(&m)) {
-      m.eval();
-    }
-  });
-}
-
-void freeze_backbone(torch::nn::Module& module) {
-  for (auto& item : module.named_parameters()) {
-    if (!is_classifier_key(item.key())) item.value().set_requires_grad(false);
+NetParts build_resnet(const NetOptions& options) {
+  const ArchSpec& spec = *find_arch(options.arch);
+  NetParts parts;
+  int64_t inplanes = 64;
+  parts.trunk.push_back(
+      part("conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false))));
+  parts.trunk.push_back(part("bn1", batch_norm(inplanes)));
+  parts.trunk.push_back(part("relu", nn::ReLU(nn::ReLUOptions(true))));
+  parts.trunk.push_back(part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
+  const int64_t planes[4] = {64, 128, 256, 512};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t stride = i == 0 ? 1 : 2;
+    nn::Sequential layer =
+        spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride, spec)
+                        : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride, spec);
+    parts.trunk.push_back(part("layer" + std::to_string(i + 1), layer));
   }
+  parts.feature_dim = inplanes;
+  if (options.head_hidden == 0) {
+    parts.head = part("fc", nn::Linear(parts.feature_dim, options.num_classes));
+  } else {
+    parts.head = part("fc", nn::Sequential(nn::Linear(parts.feature_dim, options.head_hidden),
+                                           nn::ReLU(),
+                                           nn::Linear(options.head_hidden, options.num_classes)));
+  }
+
+  // As torchvision: convs kaiming_normal_(fan_out, relu), BN weight 1 / bias 0, Linear keeps
+  // its nn.Linear default (done by its constructor). Module order follows self.modules().
+  for (NamedPart& p : parts.trunk) {
+    p.module->apply([](nn::Module& module) {
+      if (auto* conv = dynamic_cast<nn::Conv2dImpl*>(&module)) {
+        nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+      } else if (auto* bn = dynamic_cast<BatchNormImpl*>(&module)) {
+        nn::init::ones_(bn->weight);
+        nn::init::zeros_(bn->bias);
+      }
+    });
+  }
+  return parts;
 }
 
 }  // namespace trainer::model

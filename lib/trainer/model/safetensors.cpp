@@ -9,7 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/bytes.h"
 #include "trainer/util/error.h"
 #include "trainer/util/fs.h"

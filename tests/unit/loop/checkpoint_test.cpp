@@ -12,7 +12,7 @@
 #include "train_test_util.h"
 #include "trainer/loop/checkpoint.h"
 #include "trainer/loop/optimizer.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/error.h"
 #include "trainer/util/torch_compat.h"
 
@@ -76,7 +76,7 @@ TEST_CASE("a restored checkpoint continues bit-identically (model, Adam state, R
   const torch::Tensor y = torch::tensor({0, 2});
 
   torch::manual_seed(1);
-  trainer::model::ResNet net = trainer::model::make_resnet({"resnet18", 3, 0});
+  trainer::model::Net net = trainer::model::make_net({"resnet18", 3, 0});
   auto opt = make_optimizer(adam_spec(), net->parameters());
   train_step(net, *opt, seeded_input({2, 3, 32, 32}, 11), y);
 
@@ -87,7 +87,7 @@ TEST_CASE("a restored checkpoint continues bit-identically (model, Adam state, R
   const torch::Tensor draw_after_save = torch::rand({8});
 
   torch::manual_seed(99);
-  trainer::model::ResNet fresh = trainer::model::make_resnet({"resnet18", 3, 0});
+  trainer::model::Net fresh = trainer::model::make_net({"resnet18", 3, 0});
   auto fresh_opt = make_optimizer(adam_spec(), fresh->parameters());
   REQUIRE(any_state_differs(*net, *fresh));
 

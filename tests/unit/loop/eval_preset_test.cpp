@@ -12,7 +12,7 @@
 #include "trainer/data/source.h"
 #include "trainer/loop/evaluate.h"
 #include "trainer/loop/model_dir.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
@@ -31,9 +31,9 @@ ModelInfo sample_info() {
   return info;
 }
 
-trainer::model::ResNet tiny_net() {
+trainer::model::Net tiny_net() {
   torch::manual_seed(11);
-  trainer::model::ResNet net = trainer::model::make_resnet({"resnet18", 3, 0});
+  trainer::model::Net net = trainer::model::make_net({"resnet18", 3, 0});
   torch::NoGradGuard no_grad;
   net->train();
   net->forward(seeded_input({4, 3, 32, 32}, 2));  // BatchNorm statistics that are not trivial
@@ -153,7 +153,7 @@ TEST_CASE("tta: parse, views, and the averaged softmax", "[evaluate][tta]") {
   }
   CHECK_THROWS_AS(tta_views(seeded_input({1, 3, 8, 6}, 1), Tta::kDihedral), trainer::Error);
 
-  trainer::model::ResNet net = tiny_net();
+  trainer::model::Net net = tiny_net();
   torch::NoGradGuard no_grad;
   const ModelSettings settings;
   const torch::Tensor plain = torch::log_softmax(net->forward(x), 1);
@@ -180,7 +180,7 @@ TEST_CASE("tta: parse, views, and the averaged softmax", "[evaluate][tta]") {
   // channels_last settings: the same numbers.
   ModelSettings cl;
   cl.channels_last = true;
-  trainer::model::ResNet net_cl = tiny_net();
+  trainer::model::Net net_cl = tiny_net();
   place_model(net_cl, cl);
   CHECK(torch::allclose(tta_log_probabilities(net_cl, x.contiguous(at::MemoryFormat::ChannelsLast),
                                               cl, Tta::kDihedral)
@@ -196,7 +196,7 @@ TEST_CASE("evaluate with TTA: none is the plain evaluation, flip uses the averag
   options.preprocess.image_size = 32;
   options.batch_size = 4;
   options.num_workers = 1;
-  trainer::model::ResNet net = tiny_net();
+  trainer::model::Net net = tiny_net();
 
   const auto run = [&](Tta tta) {
     trainer::data::Loader loader(listing.examples, options);

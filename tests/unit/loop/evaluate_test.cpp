@@ -9,7 +9,7 @@
 #include "trainer/data/loader.h"
 #include "trainer/data/source.h"
 #include "trainer/loop/evaluate.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/synth/synthetic.h"
 #include "trainer/util/error.h"
 
@@ -79,7 +79,7 @@ TEST_CASE("evaluate counts every example of the loader and restores the model's 
   options.num_workers = 1;
 
   torch::manual_seed(3);
-  trainer::model::ResNet net = trainer::model::make_resnet({"resnet18", 3, 0});
+  trainer::model::Net net = trainer::model::make_net({"resnet18", 3, 0});
   // The model's modes before evaluate: all training, all eval, or training with frozen BN.
   const int mode = GENERATE(0, 1, 2);
   INFO("mode " << mode);

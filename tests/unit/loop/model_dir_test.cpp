@@ -8,7 +8,7 @@
 
 #include "train_test_util.h"
 #include "trainer/loop/model_dir.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::train;
@@ -32,10 +32,10 @@ ModelInfo sample_info(int64_t head_hidden) {
   return info;
 }
 
-trainer::model::ResNet trained_net(const ModelInfo& info) {
+trainer::model::Net trained_net(const ModelInfo& info) {
   torch::manual_seed(5);
-  trainer::model::ResNet net =
-      trainer::model::make_resnet({info.arch, info.num_classes, info.head_hidden});
+  trainer::model::Net net =
+      trainer::model::make_net({info.arch, info.num_classes, info.head_hidden});
   // One training-mode pass so the BatchNorm buffers are not the trivial 0 / 1 / 0.
   torch::NoGradGuard no_grad;
   net->train();
@@ -68,7 +68,7 @@ TEST_CASE("export_model then load_model_dir gives the same model back", "[model_
   INFO("head_hidden " << head_hidden);
   TempDir tmp;
   const ModelInfo info = sample_info(head_hidden);
-  trainer::model::ResNet net = trained_net(info);
+  trainer::model::Net net = trained_net(info);
   export_model(tmp / "model", net, info);
   CHECK(fs::is_regular_file(tmp / "model" / "model.safetensors"));
 
@@ -107,7 +107,7 @@ TEST_CASE("a model directory is complete or absent: built aside, renamed into pl
           "[model_dir]") {
   TempDir tmp;
   const ModelInfo info = sample_info(0);
-  trainer::model::ResNet net = trained_net(info);
+  trainer::model::Net net = trained_net(info);
   auto names = [&] {
     std::set<std::string> out;
     for (const auto& e : fs::directory_iterator(tmp.path()))

@@ -17,7 +17,7 @@
 #include "trainer/loop/runtime.h"
 #include "trainer/loop/step.h"
 #include "trainer/loop/watch.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/error.h"
 
 using namespace trainer;
@@ -227,7 +227,7 @@ TEST_CASE(
   config::ModelSpec spec;
   spec.arch = "resnet18";
   torch::manual_seed(1);
-  model::ResNet net = model::make_resnet({"resnet18", 3, 0});
+  model::Net net = model::make_net({"resnet18", 3, 0});
   ModelSettings settings;
   WeightEma ema(net, spec, 3, settings, 0.5);
   const torch::Tensor w0 = net->parameters()[0].detach().clone();
@@ -254,7 +254,7 @@ TEST_CASE(
 
 TEST_CASE("weight decay groups follow torchvision's set_weight_decay", "[recipe]") {
   torch::manual_seed(2);
-  model::ResNet net = model::make_resnet({"resnet18", 4, 0});
+  model::Net net = model::make_net({"resnet18", 4, 0});
   config::OptimizerSpec spec;
   spec.name = "sgd";
   spec.weight_decay = 1e-4;

@@ -8,29 +8,26 @@
 
 #include "trainer/model/onnx/graph.h"
 #include "trainer/model/onnx_export.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::model;
 
 namespace {
 
-void perturb_batchnorm(ResNetImpl& net) {
+void perturb_batchnorm(NetImpl& net) {
   torch::NoGradGuard no_grad;
-  for (auto& item : net.named_buffers()) {
-    if (item.key().find("running_mean") != std::string::npos) item.value().uniform_(-0.1, 0.1);
-    if (item.key().find("running_var") != std::string::npos) item.value().uniform_(0.5, 1.5);
-  }
-  for (auto& item : net.named_parameters()) {
-    const std::string& k = item.key();
-    const bool bn =
-        k.find("bn") != std::string::npos || k.find("downsample.1") != std::string::npos;
-    if (bn && k.find("weight") != std::string::npos) item.value().uniform_(0.8, 1.2);
-    if (bn && k.find("bias") != std::string::npos) item.value().uniform_(-0.1, 0.1);
+  for (const auto& m : net.modules(false)) {
+    if (auto* bn = m->as<BatchNorm>()) {
+      bn->running_mean.uniform_(-0.1, 0.1);
+      bn->running_var.uniform_(0.5, 1.5);
+      bn->weight.uniform_(0.8, 1.2);
+      bn->bias.uniform_(-0.1, 0.1);
+    }
   }
 }
 
-int64_t conv_count(ResNetImpl& net) {
+int64_t conv_count(NetImpl& net) {
   int64_t n = 0;
   for (const auto& m : net.modules(false)) n += m->as<torch::nn::Conv2d>() != nullptr;
   return n;
@@ -40,15 +37,17 @@ int64_t conv_count(ResNetImpl& net) {
 
 TEST_CASE("export_onnx: every depth and both heads, checked, and OpenCV computes the logits",
           "[onnx]") {
-  // Every depth of the family, and one ResNeXt (grouped convolutions) and one Wide ResNet; the
-  // 101-layer ResNeXt and Wide variants differ from these only in width and depth.
+  // Every depth of the ResNet family, one ResNeXt (grouped convolutions), one Wide ResNet, and
+  // EfficientNet B0 and B4 (depthwise convolutions, squeeze-and-excitation, SiLU); the others
+  // differ from these only in width and depth.
   for (const std::string& arch : supported_archs()) {
-    if (arch == "resnext101_32x8d" || arch == "resnext101_64x4d" || arch == "wide_resnet101_2")
+    if (arch == "resnext101_32x8d" || arch == "resnext101_64x4d" || arch == "wide_resnet101_2" ||
+        arch == "efficientnet_b1" || arch == "efficientnet_b2" || arch == "efficientnet_b3")
       continue;
     for (const int64_t hidden : {int64_t{0}, int64_t{64}}) {
       DYNAMIC_SECTION(arch << " head_hidden " << hidden) {
         torch::manual_seed(5);
-        ResNet net = make_resnet({arch, 5, hidden});
+        Net net = make_net({arch, 5, hidden});
         perturb_batchnorm(*net);
         net->eval();
         OnnxExportOptions o;
@@ -70,27 +69,36 @@ TEST_CASE("export_onnx: every depth and both heads, checked, and OpenCV computes
         CHECK(s.outputs[0].name == "logits");
         CHECK(s.outputs[0].dims == std::vector<int64_t>{-1, 5});
         CHECK(s.outputs[1].name == "probabilities");
-        // BatchNorm folded: every parameter but the BN ones, plus one bias per convolution.
+        // BatchNorm folded: every parameter but the BN ones, plus a bias for each convolution
+        // that had none (squeeze-and-excitation's have their own).
         int64_t expected = 0;
-        for (const auto& p : net->named_parameters()) {
-          const bool bn = p.key().find("bn") != std::string::npos ||
-                          p.key().find("downsample.1") != std::string::npos;
-          if (!bn) expected += p.value().numel();
-        }
         for (const auto& m : net->modules(false)) {
-          if (auto* conv = m->as<torch::nn::Conv2d>()) expected += conv->weight.size(0);
+          if (m->as<BatchNorm>()) continue;
+          for (const auto& p : m->named_parameters(/*recurse=*/false)) expected += p.value().numel();
+          auto* conv = m->as<torch::nn::Conv2d>();
+          if (conv && !conv->bias.defined()) expected += conv->weight.size(0);
         }
         CHECK(s.parameters == expected);
 
         const torch::Tensor x = torch::randn({2, 3, 32, 32});
         const torch::Tensor want = net->forward(x);
         cv::dnn::Net cvnet = cv::dnn::readNetFromONNX(bytes.data(), bytes.size());
-        std::vector<int> dims{2, 3, 32, 32};
-        cvnet.setInput(cv::Mat(4, dims.data(), CV_32F, x.data_ptr<float>()).clone(), "input");
-        const cv::Mat got = cvnet.forward("logits");
-        REQUIRE(got.total() == 10);
-        const torch::Tensor got_t =
-            torch::from_blob(const_cast<float*>(got.ptr<float>()), {2, 5}, torch::kFloat);
+        // OpenCV 4.6 runs squeeze-and-excitation's Mul([N, C, H, W], [N, C, 1, 1]) as its Scale
+        // layer, which takes the N x C scales for C of them when N > 1 (an assertion): it gets
+        // EfficientNet's images one at a time. ONNX Runtime and TensorRT broadcast as ONNX says.
+        const int64_t per_run = net->family() == "efficientnet" ? 1 : 2;
+        std::vector<torch::Tensor> rows;
+        for (int64_t i = 0; i < 2; i += per_run) {
+          const torch::Tensor part = x.narrow(0, i, per_run).contiguous();
+          std::vector<int> dims{static_cast<int>(per_run), 3, 32, 32};
+          cvnet.setInput(cv::Mat(4, dims.data(), CV_32F, part.data_ptr<float>()).clone(), "input");
+          const cv::Mat got = cvnet.forward("logits");
+          REQUIRE(static_cast<int64_t>(got.total()) == 5 * per_run);
+          rows.push_back(torch::from_blob(const_cast<float*>(got.ptr<float>()), {per_run, 5},
+                                          torch::kFloat)
+                             .clone());
+        }
+        const torch::Tensor got_t = torch::cat(rows);
         const double scale = std::max(1.0, want.abs().max().item<double>());
         const double diff = (got_t - want).abs().max().item<double>();
         INFO("max |OpenCV - LibTorch| logits " << diff << " (largest logit " << scale << ")");
@@ -101,7 +109,7 @@ TEST_CASE("export_onnx: every depth and both heads, checked, and OpenCV computes
 }
 
 TEST_CASE("export_onnx refuses an opset it does not know", "[onnx]") {
-  ResNet net = make_resnet({"resnet18", 2, 0});
+  Net net = make_net({"resnet18", 2, 0});
   OnnxExportOptions o;
   o.image_size = 32;
   for (const int opset : {12, 18}) {

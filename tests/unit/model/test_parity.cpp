@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "model_test_util.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 
 using namespace trainer::model;
@@ -26,25 +26,28 @@ constexpr int kInitSeed = 7;  // our model's torch seed, passed on to the script
 
 }  // namespace
 
-TEST_CASE("ResNet matches torchvision both ways", "[parity]") {
+TEST_CASE("ResNet, ResNeXt, Wide ResNet and EfficientNet match torchvision both ways",
+          "[parity]") {
   require_torchvision();
   const int threads = torch::get_num_threads();
   torch::set_num_threads(2);
   const std::string script =
       std::string(TRAINER_SOURCE_DIR) + "/tests/parity/torchvision_parity.py";
 
-  const std::vector<ResNetOptions> variants = {{"resnet50", 5, 0},
+  const std::vector<NetOptions> variants = {{"resnet50", 5, 0},
                                                {"resnet18", 3, 16},
                                                {"resnext50_32x4d", 5, 0},
-                                               {"wide_resnet50_2", 4, 0}};
-  for (const ResNetOptions& options : variants) {
+                                               {"wide_resnet50_2", 4, 0},
+                                               {"efficientnet_b0", 5, 0},
+                                               {"efficientnet_b1", 3, 16}};
+  for (const NetOptions& options : variants) {
     INFO(options.arch << " num_classes " << options.num_classes << " head_hidden "
                       << options.head_hidden);
     TempDir dir;
 
     // (1) Our model, weights and logits.
     torch::manual_seed(kInitSeed);
-    ResNet ours = make_resnet(options);
+    Net ours = make_net(options);
     calibrate_batchnorm(
         *ours, [&](torch::Tensor x) { return ours->forward(x); }, 8);
     const torch::Tensor input = seeded_input({2, 3, 64, 64}, 9);
@@ -75,7 +78,7 @@ TEST_CASE("ResNet matches torchvision both ways", "[parity]") {
 
     // (3) torchvision's weights in our model (strict) give torchvision's logits.
     torch::manual_seed(99);
-    ResNet theirs = make_resnet(options);
+    Net theirs = make_net(options);
     Metadata meta;
     const LoadReport report =
         load_state_dict(*theirs, load_safetensors(dir.file("theirs_state.safetensors"), &meta),

@@ -9,7 +9,7 @@
 
 #include "model_test_util.h"
 #include "trainer/model/pth.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 
 using namespace trainer::model;
@@ -58,7 +58,7 @@ TEST_CASE("a torchvision .pth gives torchvision's logits, and its head is replac
   CHECK(sd.size() == 320);  // parameters and buffers, num_batches_tracked included
 
   torch::manual_seed(3);
-  ResNet net = make_resnet({"resnet50", 1000, 0});
+  Net net = make_net({"resnet50", 1000, 0});
   CHECK(load_state_dict(*net, sd, "resnet50.pth").reinitialised.empty());  // strict
   const StateDict io = load_safetensors(dir.file("resnet50_io.safetensors"));
   net->eval();
@@ -72,7 +72,7 @@ TEST_CASE("a torchvision .pth gives torchvision's logits, and its head is replac
 
   // model.num_classes / head_hidden replace fc as the tutorial replaces the top; the rest loads.
   SECTION("5 classes") {
-    ResNet five = make_resnet({"resnet50", 5, 0});
+    Net five = make_net({"resnet50", 5, 0});
     const LoadReport report = load_state_dict(*five, sd, "resnet50.pth", true);
     CHECK(report.reinitialised == std::vector<std::string>{"fc.weight", "fc.bias"});
     CHECK(torch::equal(five->named_parameters()["layer4.2.conv3.weight"],
@@ -80,7 +80,7 @@ TEST_CASE("a torchvision .pth gives torchvision's logits, and its head is replac
     CHECK(torch::equal(five->named_buffers()["bn1.running_var"], find(sd, "bn1.running_var")));
   }
   SECTION("a hidden head") {
-    ResNet hidden = make_resnet({"resnet50", 5, 16});
+    Net hidden = make_net({"resnet50", 5, 16});
     const LoadReport report = load_state_dict(*hidden, sd, "resnet50.pth", true);
     CHECK(report.reinitialised ==
           std::vector<std::string>{"fc.0.weight", "fc.0.bias", "fc.2.weight", "fc.2.bias"});

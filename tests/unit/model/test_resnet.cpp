@@ -3,10 +3,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "model_test_util.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 #include "trainer/util/torch_compat.h"
@@ -33,9 +34,9 @@ std::vector<std::string> state_dict_keys(const torch::nn::Module& module) {
   return keys;
 }
 
-std::string config_error_of(const ResNetOptions& options) {
+std::string config_error_of(const NetOptions& options) {
   try {
-    make_resnet(options);
+    make_net(options);
   } catch (const trainer::ConfigError& e) {
     return e.what();
   }
@@ -53,22 +54,32 @@ TEST_CASE("parameter counts equal torchvision's", "[resnet]") {
       {"resnet152", 60192808},        {"resnext50_32x4d", 25028904},
       {"resnext101_32x8d", 88791336}, {"resnext101_64x4d", 83455272},
       {"wide_resnet50_2", 68883240},  {"wide_resnet101_2", 126886696},
+      {"efficientnet_b0", 5288548},   {"efficientnet_b1", 7794184},
+      {"efficientnet_b2", 9109994},   {"efficientnet_b3", 12233232},
+      {"efficientnet_b4", 19341616},
   };
-  REQUIRE(supported_archs() == std::vector<std::string>{"resnet18", "resnet34", "resnet50",
-                                                        "resnet101", "resnet152", "resnext50_32x4d",
-                                                        "resnext101_32x8d", "resnext101_64x4d",
-                                                        "wide_resnet50_2", "wide_resnet101_2"});
+  REQUIRE(supported_archs() ==
+          std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+                                   "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
+                                   "wide_resnet50_2", "wide_resnet101_2", "efficientnet_b0",
+                                   "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
+                                   "efficientnet_b4"});
+  // torchvision's classifier widths (EfficientNet: 4 x the last stage's width, scaled).
+  const std::map<std::string, int64_t> widths = {
+      {"resnet18", 512},         {"resnet34", 512},         {"efficientnet_b0", 1280},
+      {"efficientnet_b1", 1280}, {"efficientnet_b2", 1408}, {"efficientnet_b3", 1536},
+      {"efficientnet_b4", 1792}};
   for (const auto& [arch, count] : expected) {
     INFO(arch);
-    ResNet net = make_resnet({arch, 1000, 0});
+    Net net = make_net({arch, 1000, 0});
     CHECK(count_parameters(*net) == count);
-    CHECK(net->feature_dim() == (arch == "resnet18" || arch == "resnet34" ? 512 : 2048));
+    CHECK(net->feature_dim() == (widths.count(arch) ? widths.at(arch) : 2048));
     CHECK(net->options().arch == arch);
   }
 }
 
 TEST_CASE("head_hidden replaces fc by Linear-ReLU-Linear", "[resnet]") {
-  ResNet net = make_resnet({"resnet50", 5, 1016});
+  Net net = make_net({"resnet50", 5, 1016});
   const int64_t expected = 25557032 - (2048 * 1000 + 1000) + (2048 * 1016 + 1016) + (1016 * 5 + 5);
   CHECK(count_parameters(*net) == expected);
   std::vector<std::string> fc_keys;
@@ -95,7 +106,7 @@ TEST_CASE("output shapes", "[resnet]") {
   };
   for (const Case& c : cases) {
     INFO(c.arch << " classes " << c.num_classes << " input " << torch::IntArrayRef(c.input));
-    ResNet net = make_resnet({c.arch, c.num_classes, c.head_hidden});
+    Net net = make_net({c.arch, c.num_classes, c.head_hidden});
     net->eval();
     torch::Tensor y = net->forward(seeded_input(c.input, 1));
     CHECK(y.sizes() == torch::IntArrayRef({c.input[0], c.num_classes}));
@@ -105,11 +116,11 @@ TEST_CASE("output shapes", "[resnet]") {
 }
 
 TEST_CASE("state-dict keys and order equal torchvision's", "[resnet]") {
-  for (const std::string arch : {"resnet18", "resnet50"}) {
+  for (const std::string arch : {"resnet18", "resnet50", "efficientnet_b0"}) {
     INFO(arch);
     const auto expected =
         read_lines(std::string(TRAINER_SOURCE_DIR) + "/tests/data/" + arch + "_keys.txt");
-    ResNet net = make_resnet({arch, 1000, 0});
+    Net net = make_net({arch, 1000, 0});
     const auto keys = state_dict_keys(*net);
     CHECK(std::set<std::string>(keys.begin(), keys.end()) ==
           std::set<std::string>(expected.begin(), expected.end()));
@@ -125,7 +136,7 @@ TEST_CASE("state-dict keys and order equal torchvision's", "[resnet]") {
 
 TEST_CASE("initialisation follows torchvision", "[resnet]") {
   torch::manual_seed(3);
-  ResNet net = make_resnet({"resnet50", 1000, 0});
+  Net net = make_net({"resnet50", 1000, 0});
   auto params = net->named_parameters();
   // kaiming_normal_(fan_out, relu): std = sqrt(2 / (out_channels * kh * kw)).
   for (const std::string name :
@@ -160,16 +171,17 @@ TEST_CASE("initialisation follows torchvision", "[resnet]") {
   CHECK(saw_bn);
 }
 
-TEST_CASE("make_resnet rejects bad options with ConfigError", "[resnet]") {
+TEST_CASE("make_net rejects bad options with ConfigError", "[resnet]") {
   CHECK(config_error_of({"resnet51", 10, 0}) ==
         "model.arch: expected one of resnet18|resnet34|resnet50|resnet101|resnet152|"
-        "resnext50_32x4d|resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2, got "
+        "resnext50_32x4d|resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2|"
+        "efficientnet_b0|efficientnet_b1|efficientnet_b2|efficientnet_b3|efficientnet_b4, got "
         "'resnet51'");
   CHECK_THAT(config_error_of({"resnet18", 0, 0}),
              trainer::test::Contains("model.num_classes") && trainer::test::Contains("got 0"));
   CHECK_THAT(config_error_of({"resnet18", 10, -1}),
              trainer::test::Contains("model.head_hidden") && trainer::test::Contains("got -1"));
-  CHECK_THROWS_AS(ResNet(ResNetOptions{"", 10, 0}), trainer::ConfigError);
+  CHECK_THROWS_AS(Net(NetOptions{"", 10, 0}), trainer::ConfigError);
 }
 
 TEST_CASE("is_classifier_key", "[resnet]") {
@@ -182,7 +194,7 @@ TEST_CASE("is_classifier_key", "[resnet]") {
 }
 
 TEST_CASE("freeze_backbone leaves only the classifier trainable", "[resnet]") {
-  ResNet net = make_resnet({"resnet18", 4, 8});
+  Net net = make_net({"resnet18", 4, 8});
   freeze_backbone(*net);
   int64_t trainable = 0;
   for (const auto& item : net->named_parameters()) {
@@ -200,7 +212,7 @@ TEST_CASE("freeze_backbone leaves only the classifier trainable", "[resnet]") {
 }
 
 TEST_CASE("set_batchnorm_eval freezes statistics while the rest trains", "[resnet]") {
-  ResNet net = make_resnet({"resnet18", 4, 0});
+  Net net = make_net({"resnet18", 4, 0});
   net->train();
   set_batchnorm_eval(*net);
   CHECK(net->is_training());
@@ -223,7 +235,7 @@ TEST_CASE("set_batchnorm_eval freezes statistics while the rest trains", "[resne
 TEST_CASE("channels_last gives the same logits as contiguous", "[resnet]") {
   torch::NoGradGuard no_grad;
   torch::manual_seed(11);
-  ResNet net = make_resnet({"resnet18", 6, 0});
+  Net net = make_net({"resnet18", 6, 0});
   calibrate_batchnorm(
       *net, [&](torch::Tensor x) { return net->forward(x); }, 12);
   const torch::Tensor x = seeded_input({2, 3, 64, 64}, 13);
@@ -242,7 +254,7 @@ TEST_CASE("channels_last gives the same logits as contiguous", "[resnet]") {
 
 TEST_CASE("forward and backward under bf16 CPU autocast with channels_last", "[resnet]") {
   torch::manual_seed(21);
-  ResNet net = make_resnet({"resnet18", 5, 0});
+  Net net = make_net({"resnet18", 5, 0});
   net->train();
   const torch::Tensor x =
       seeded_input({2, 3, 64, 64}, 22).contiguous(torch::MemoryFormat::ChannelsLast);

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "model_test_util.h"
-#include "trainer/model/resnet.h"
+#include "trainer/model/net.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/error.h"
 
@@ -53,7 +53,7 @@ StateDict without(StateDict sd, const std::string& name) {
 
 TEST_CASE("safetensors round trip is bit-exact", "[safetensors]") {
   torch::manual_seed(1);
-  ResNet net = make_resnet({"resnet18", 10, 0});
+  Net net = make_net({"resnet18", 10, 0});
   calibrate_batchnorm(
       *net, [&](torch::Tensor x) { return net->forward(x); }, 2);
   StateDict sd = state_dict(*net);
@@ -104,7 +104,7 @@ TEST_CASE("safetensors round trip is bit-exact", "[safetensors]") {
 }
 
 TEST_CASE("state_dict gives contiguous detached CPU copies", "[safetensors]") {
-  ResNet net = make_resnet({"resnet18", 3, 0});
+  Net net = make_net({"resnet18", 3, 0});
   for (auto& p : net->parameters()) {
     if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
   }
@@ -251,7 +251,7 @@ TEST_CASE("corrupt safetensors files give a DataError naming the origin", "[safe
 TEST_CASE("load_state_dict copies values, converting dtype, keeping memory format",
           "[safetensors]") {
   torch::manual_seed(31);
-  ResNet source = make_resnet({"resnet18", 4, 0});
+  Net source = make_net({"resnet18", 4, 0});
   calibrate_batchnorm(
       *source, [&](torch::Tensor x) { return source->forward(x); }, 32);
   StateDict sd = state_dict(*source);
@@ -260,7 +260,7 @@ TEST_CASE("load_state_dict copies values, converting dtype, keeping memory forma
   }
 
   torch::manual_seed(33);
-  ResNet target = make_resnet({"resnet18", 4, 0});
+  Net target = make_net({"resnet18", 4, 0});
   for (auto& p : target->parameters()) {
     if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
   }
@@ -285,9 +285,9 @@ TEST_CASE("load_state_dict copies values, converting dtype, keeping memory forma
 
 TEST_CASE("load_state_dict is strict", "[safetensors]") {
   const std::string origin = "ckpt/model.safetensors";
-  ResNet source = make_resnet({"resnet18", 4, 0});
+  Net source = make_net({"resnet18", 4, 0});
   const StateDict sd = state_dict(*source);
-  ResNet target = make_resnet({"resnet18", 4, 0});
+  Net target = make_net({"resnet18", 4, 0});
   const torch::Tensor before = target->named_parameters()["conv1.weight"].clone();
 
   SECTION("missing key") {
@@ -319,7 +319,7 @@ TEST_CASE("load_state_dict is strict", "[safetensors]") {
                Contains(origin) && Contains("duplicate key 'conv1.weight'"));
   }
   SECTION("classifier mismatch without permission") {
-    ResNet other = make_resnet({"resnet18", 7, 0});
+    Net other = make_net({"resnet18", 7, 0});
     CHECK_THAT(data_error_of([&] { load_state_dict(*other, sd, origin); }),
                Contains("'fc.weight'") && Contains("[4, 512]") && Contains("[7, 512]"));
   }
@@ -335,11 +335,11 @@ TEST_CASE("load_state_dict is strict", "[safetensors]") {
 
 TEST_CASE("allow_classifier_mismatch reinitialises a different head", "[safetensors]") {
   torch::manual_seed(41);
-  ResNet pretrained = make_resnet({"resnet18", 1000, 0});
+  Net pretrained = make_net({"resnet18", 1000, 0});
   const StateDict sd = state_dict(*pretrained);
 
   SECTION("different number of classes") {
-    ResNet net = make_resnet({"resnet18", 5, 0});
+    Net net = make_net({"resnet18", 5, 0});
     const torch::Tensor fc_before = net->named_parameters()["fc.weight"].clone();
     const LoadReport report = load_state_dict(*net, sd, "imagenet.safetensors", true);
     CHECK(report.reinitialised == std::vector<std::string>{"fc.weight", "fc.bias"});
@@ -348,13 +348,13 @@ TEST_CASE("allow_classifier_mismatch reinitialises a different head", "[safetens
                        pretrained->named_parameters()["layer4.1.conv2.weight"]));
   }
   SECTION("same classes: nothing reinitialised") {
-    ResNet net = make_resnet({"resnet18", 1000, 0});
+    Net net = make_net({"resnet18", 1000, 0});
     CHECK(load_state_dict(*net, sd, "imagenet.safetensors", true).reinitialised.empty());
     CHECK(torch::equal(net->named_parameters()["fc.weight"],
                        pretrained->named_parameters()["fc.weight"]));
   }
   SECTION("a hidden head: its keys are missing, the file's fc.* are skipped") {
-    ResNet net = make_resnet({"resnet18", 5, 32});
+    Net net = make_net({"resnet18", 5, 32});
     const LoadReport report = load_state_dict(*net, sd, "imagenet.safetensors", true);
     CHECK(report.reinitialised ==
           std::vector<std::string>{"fc.0.weight", "fc.0.bias", "fc.2.weight", "fc.2.bias"});
