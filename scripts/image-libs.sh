@@ -82,6 +82,15 @@ for f in "$binary" "${extras[@]}"; do
   done < <(ldd "$f")
 done
 
+# The CA certificates libcurl checks HTTPS downloads (model.pretrained by URL or torchvision
+# name) against, at the path Debian's OpenSSL looks in.
+bundle=/etc/ssl/certs/ca-certificates.crt
+if [[ ! -s $bundle ]]; then
+  echo "image-libs.sh: $bundle is missing (install ca-certificates in the build stage)" >&2
+  exit 1
+fi
+install -D -m 0644 "$bundle" "$out$bundle"
+
 total=$(du -sb "$out" | cut -f1)
 copied=$(find "$out/opt" "$out/usr/lib" -type f | wc -l)
 awk -v n="$copied" -v s="${#seen[@]}" -v t="$total" -v b="$(stat -c %s "$out/usr/local/bin/trainer")" \

@@ -47,6 +47,7 @@ build_pkgs=(
   libtorch-dev libopencv-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   catch2 libyaml-cpp-dev libprotobuf-dev protobuf-compiler zlib1g-dev libgloo-dev clang-format
   libonnx-dev  # ONNX export: the ONNX project's protobuf types and checker
+  libcurl4-openssl-dev libssl-dev ca-certificates  # model.pretrained by URL: HTTP(S), SHA-256
   libopenblas0-pthread libjemalloc-dev
   # test-only: the reference implementation the parity tests compare against
   python3 python3-torch python3-torchvision python3-numpy
@@ -55,13 +56,13 @@ if [[ $release == 12 ]]; then
   runtime_pkgs=(
     libtorch1.13 libopencv-imgcodecs406 libopencv-imgproc406 libopencv-core406
     libspdlog1.10 libfmt9 libyaml-cpp0.7 libprotobuf32 zlib1g libgloo0 libopenblas0-pthread
-    libjemalloc2 libonnx1
+    libjemalloc2 libonnx1 libcurl4 libssl3 ca-certificates
   )
 else
   runtime_pkgs=(
     libtorch2.6 libopencv-imgcodecs410 libopencv-imgproc410 libopencv-core410
     libspdlog1.15 libfmt10 libyaml-cpp0.8 libprotobuf32t64 zlib1g libgloo0 libopenblas0-pthread
-    libjemalloc2 libonnx1t64
+    libjemalloc2 libonnx1t64 libcurl4t64 libssl3t64 ca-certificates
   )
 fi
 

@@ -23,6 +23,7 @@
 #endif
 
 #include "trainer/dist/process_group.h"
+#include "trainer/model/hub.h"
 #include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/util/cpu.h"
@@ -393,7 +394,8 @@ model::Net build_model(const config::ModelSpec& spec, int64_t num_classes, int64
   torch::manual_seed(static_cast<uint64_t>(seed));
   model::Net net = model::make_net({spec.arch, num_classes, spec.head_hidden});
   if (!spec.pretrained.empty()) {
-    const std::string file = util::local_path(spec.pretrained, "model.pretrained");
+    // A path as it is; a URL or torchvision:NAME fetched into torch.hub's cache (model/hub.h).
+    const std::string file = model::resolve_pretrained(spec.pretrained, spec.arch);
     const auto report = model::load_state_dict(*net, model::load_weights(file),
                                                "model.pretrained '" + spec.pretrained + "'",
                                                /*allow_classifier_mismatch=*/true);
