@@ -220,7 +220,10 @@ void visit(DataSpec& s, V& v) {
 template <class V>
 void visit(OptimizerSpec& s, V& v) {
   v("name", s.name, Field("optimizer").one_of({"adam", "adamw", "sgd"}));
-  v("learning_rate", s.learning_rate, Field("base learning rate (tutorial: Adam 1e-4)").above(0));
+  v("learning_rate", s.learning_rate,
+    Field("base learning rate (tutorial: Adam 1e-4); 0 = the parameters stay as loaded (as "
+          "torch.optim allows; BN running statistics still update)")
+        .at_least(0));
   v("momentum", s.momentum, Field("sgd only").at_least(0).below(1));
   v("weight_decay", s.weight_decay, Field("L2 (adam, sgd) or decoupled (adamw)").at_least(0));
   v("nesterov", s.nesterov, Field("Nesterov momentum (sgd with momentum > 0 only)"));

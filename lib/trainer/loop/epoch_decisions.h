@@ -57,7 +57,8 @@ class EpochDecisions {
   // The accuracy the job reports: of the weights the export holds.
   double reported_accuracy(const EpochValidation& validation) const;
   // The plateau schedule's factor on the scheduled rate (1 until it reduces).
-  double lr_factor() const { return plateau_.lr() / base_lr_; }
+  // (1 with a learning rate of 0: nothing to scale.)
+  double lr_factor() const { return base_lr_ > 0 ? plateau_.lr() / base_lr_ : 1.0; }
   // A job that had stopped early: nothing is left to train.
   bool stopped_early() const;
   double best() const { return best_.best(); }

@@ -68,7 +68,9 @@ bool ReduceOnPlateau::step(double metric) {
 }
 
 nlohmann::json ReduceOnPlateau::state() const {
-  return {{"lr_scale", lr_ / base_}, {"best", number(best_)}, {"bad_epochs", bad_epochs_}};
+  return {{"lr_scale", base_ > 0 ? lr_ / base_ : 1.0},
+          {"best", number(best_)},
+          {"bad_epochs", bad_epochs_}};
 }
 
 void ReduceOnPlateau::restore(const nlohmann::json& state, const std::string& origin) {
