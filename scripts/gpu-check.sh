@@ -18,7 +18,8 @@
 #   carry-smoke     OpenCV from the carry loads (every stub in the path) and round-trips
 #                   JPEG/PNG/BMP/TIFF/WebP/JPEG 2000; a graph written with libonnx runs through
 #                   OpenCV's DNN, both on the carry's one protobuf runtime
-#   configure       CMake, Release, Ninja, -DTRAINER_JEMALLOC=OFF, LibTorch = the machine's own
+#   configure       CMake, Release, Ninja, -DTRAINER_JEMALLOC=OFF, -DTRAINER_DOWNLOADS=OFF (the
+#                   carry has no libcurl or OpenSSL headers), LibTorch = the machine's own
 #                   (python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'; --dry-run:
 #                   Debian's, from CMake's default path), every other package from P (each
 #                   *_DIR / Protobuf_* / ZLIB_* given explicitly, P/include first on the include
@@ -265,7 +266,7 @@ for sp in site.getsitepackages():
   # LibTorch meets no other copy either: pip's hides its static protobuf, Debian's links this one.
   local args=(
     -S "$repo" -B "$build" -G Ninja
-    -DCMAKE_BUILD_TYPE=Release -DTRAINER_JEMALLOC=OFF
+    -DCMAKE_BUILD_TYPE=Release -DTRAINER_JEMALLOC=OFF -DTRAINER_DOWNLOADS=OFF
     "-DCMAKE_PREFIX_PATH=$prefix_path"
     "-DCMAKE_CXX_FLAGS=$extra_flags"
     "-DOpenCV_DIR=$P/lib/$arch/cmake/opencv4"

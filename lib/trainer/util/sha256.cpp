@@ -1,5 +1,7 @@
 #include "trainer/util/sha256.h"
 
+#if TRAINER_DOWNLOADS  // a build without downloads (-DTRAINER_DOWNLOADS=OFF) hashes nothing
+
 #include <openssl/evp.h>
 
 #include "trainer/util/error.h"
@@ -43,3 +45,5 @@ std::string Sha256::hex() {
 }
 
 }  // namespace trainer::util
+
+#endif  // TRAINER_DOWNLOADS

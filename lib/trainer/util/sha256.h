@@ -1,6 +1,6 @@
 // SHA-256 (OpenSSL's libcrypto), for checking downloaded weights against the hash prefix in
 // their file names (torch.hub's rule). Streaming: add() any number of times, then hex(). Not
-// copyable; thread-compatible, no shared state.
+// copyable; thread-compatible, no shared state. Only in a build with TRAINER_DOWNLOADS.
 #pragma once
 
 #include <cstddef>
