@@ -99,8 +99,9 @@ void Stepper::connect(dist::ProcessGroup& group) {
 
 uint64_t example_noise_seed(int64_t data_seed, int64_t epoch, int64_t example) {
   constexpr uint64_t kNoiseStream = 0x6e6f697365726f77ULL;  // "noiserow"
-  return util::mix_seed(static_cast<uint64_t>(data_seed),
-                        {static_cast<uint64_t>(epoch), static_cast<uint64_t>(example), kNoiseStream});
+  return util::mix_seed(
+      static_cast<uint64_t>(data_seed),
+      {static_cast<uint64_t>(epoch), static_cast<uint64_t>(example), kNoiseStream});
 }
 
 StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed, int64_t epoch) {
@@ -159,6 +160,10 @@ StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed,
         }
       }
       net_->set_row_seeds(std::move(row_seeds));
+      struct ClearSeeds {  // also when the forward or backward throws
+        model::Net& net;
+        ~ClearSeeds() { net->set_row_seeds({}); }
+      } clear_seeds{net_};
       const torch::Tensor logits = forward_logits(net_, input, settings_);
       torch::Tensor loss;   // this micro-batch's mean loss (metrics)
       torch::Tensor share;  // its part of the batch's loss: the parts add up to the batch's
@@ -177,7 +182,6 @@ StepResult Stepper::step(const data::Batch& batch, double lr, uint64_t mix_seed,
       r.correct = r.correct.defined() ? r.correct + hits : hits;
     }
   }
-  net_->set_row_seeds({});
   sync_->set_accumulating(false);
   sync_->finish();
   bool step_ok = true;

@@ -82,10 +82,10 @@ class Stepper {
   std::shared_ptr<model::StatsReducer> bn_reducer_;  // model.sync_batchnorm: the group's sum
 };
 
-// Training mode, with the BatchNorm layers left in eval mode when model.freeze_batchnorm.
 // The seed of example `example`'s draws in the model's random layers in epoch `epoch`.
 uint64_t example_noise_seed(int64_t data_seed, int64_t epoch, int64_t example);
 
+// Training mode, with the BatchNorm layers left in eval mode when model.freeze_batchnorm.
 void set_train_mode(model::Net& net, const config::ModelSpec& spec);
 
 // torch.nn.utils.clip_grad_norm_ (L2, Python's: no host sync): scales every gradient by

@@ -15,12 +15,23 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// A mask made on the CPU, on x's device and in its dtype. To a GPU from page-locked memory and
+// without waiting (a pageable copy would make the host wait for the GPU at every layer); the
+// caching host allocator keeps the pinned block until the copy is done.
+torch::Tensor like(const torch::Tensor& mask, const torch::Tensor& x) {
+  if (x.is_cuda()) {
+    return mask.pin_memory().to(x.device(), /*non_blocking=*/true).to(x.scalar_type());
+  }
+  return mask.to(x.scalar_type());
+}
+
 }  // namespace
 
 torch::Tensor RowNoise::keep(int64_t rows, int64_t per_row, int64_t layer, double p) const {
   if (static_cast<int64_t>(seeds_.size()) != rows) {
     throw Error(ErrorKind::kInternal, "RowNoise: " + std::to_string(seeds_.size()) +
-                                          " row seeds for a batch of " + std::to_string(rows));
+                                          " row seeds for a batch of " + std::to_string(rows) +
+                                          " (layer " + std::to_string(layer) + ")");
   }
   torch::Tensor out = torch::empty({rows, per_row}, torch::kFloat);
   float* o = out.data_ptr<float>();
@@ -45,7 +56,7 @@ torch::Tensor RowNoise::row_scale(const torch::Tensor& x, int64_t layer, double 
   if (seeds_.empty()) {  // torchvision.ops.stochastic_depth
     noise = torch::empty(shape, x.options()).bernoulli_(survival);
   } else {
-    noise = keep(x.size(0), 1, layer, p).view(shape).to(x.options());
+    noise = like(keep(x.size(0), 1, layer, p).view(shape), x);
   }
   if (survival > 0.0) noise.div_(survival);
   return noise;
@@ -58,7 +69,7 @@ torch::Tensor RowNoise::element_scale(const torch::Tensor& x, int64_t layer, dou
     noise = torch::empty_like(x, at::MemoryFormat::Contiguous).bernoulli_(survival);
   } else {
     const int64_t rows = x.size(0);
-    noise = keep(rows, rows == 0 ? 0 : x.numel() / rows, layer, p).view(x.sizes()).to(x.options());
+    noise = like(keep(rows, rows == 0 ? 0 : x.numel() / rows, layer, p).view(x.sizes()), x);
   }
   if (survival > 0.0) {
     noise.div_(survival);
