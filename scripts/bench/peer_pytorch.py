@@ -52,8 +52,9 @@ than the model even where its prefetch queue hides it from the median of the ste
 Run it with /usr/bin/python3 (Debian's python3-torch and python3-torchvision: torch 1.13 and
 torchvision 0.14 on Debian 12) and with the venv of scripts/torch-flavour.sh (pip's torch 2.11 and
 torchvision 0.26) here, and with `python3` (pip's torch and torchvision) on the GPU machines. The
-calls it makes are the same in both: resnet50(num_classes=...) without pretrained weights (neither
-the old pretrained= nor the new weights= argument), torch.autocast(device_type, dtype=bfloat16).
+calls it makes are the same in both: torchvision.models.<--arch>(num_classes=...) (resnet50 by
+default) without pretrained weights (neither the old pretrained= nor the new weights= argument),
+torch.autocast(device_type, dtype=bfloat16).
 """
 import argparse
 import datetime
@@ -79,6 +80,8 @@ def parse_args():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--num-classes", type=int, default=5)
+    p.add_argument("--arch", default="resnet50", help="torchvision.models.<ARCH> (the trainer's "
+                   "model.arch)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--ddp", type=int, default=0, metavar="N",
@@ -142,7 +145,7 @@ def train(args, rank=0, world_size=1):
         sys.exit(f"peer_pytorch: {len(dataset)} images in {args.data} make no batch of "
                  f"{args.batch} per process (x{world_size} processes)")
 
-    model = torchvision.models.resnet50(num_classes=args.num_classes)
+    model = getattr(torchvision.models, args.arch)(num_classes=args.num_classes)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memory_format)
     model.train()

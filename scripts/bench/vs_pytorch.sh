@@ -30,12 +30,14 @@
 # /usr/bin/python3, first-step time) and a weak-scaling table (trainer 1.13 launch --workers 2
 # against PyTorch 1.13 DDP over Gloo, 1 thread per process). Medians over the steps after the
 # first 2. Slow: use QUICK=1 for a smoke run.
-#   [QUICK=1] [ROWS="224/16/fp32/nchw 224/16/bf16/cl ..."] [STEPS=12] [THREADS=2]
+#   [ARCH=resnet50] [QUICK=1] [ROWS="224/16/fp32/nchw 224/16/bf16/cl ..."] [STEPS=12] [THREADS=2]
 #   [PER_CLASS=auto] [SCALING=1] [SCALE_SIZE=224] [SCALE_BATCH=16] [CONV_PEAK=1] [CONV_BATCH=16]
 #   [CONV_ITERS=3] [COMPILE=1] [JEMALLOC=none|auto|path] [OUT=results.json]
 #   [TRAINER_BIN=build/app/trainer] [TRAINER_PIP_BIN=build-pip/app/trainer]
 #   [PIP_PYTHON=/opt/trainer/venv-torch-2.11.0/bin/python] scripts/bench/vs_pytorch.sh
-# ROWS: image size / per-replica batch / fp32|bf16 / nchw|cl. PER_CLASS: images per class (5
+# ARCH: the network of both sides (model.arch; torchvision.models.<ARCH> for the peer); the conv-
+# peak share is computed for resnet50 only (its 24.5 GFLOP per image). ROWS: image size /
+# per-replica batch / fp32|bf16 / nchw|cl. PER_CLASS: images per class (5
 # classes); auto = enough for STEPS steps of the largest batch in one pass. COMPILE=0 leaves the
 # compile side out. OUT: a file for the raw JSON results (relative to the directory it is started
 # from). Paths in TRAINER_BIN, TRAINER_PIP_BIN and PIP_PYTHON are relative to the repository root.
@@ -50,7 +52,7 @@ drv=$py              # runs this script's own helpers (standard library only)
 
 # The command as given, for the header.
 cmd=""
-for v in QUICK ROWS STEPS THREADS PER_CLASS SCALING SCALE_SIZE SCALE_BATCH CONV_PEAK CONV_BATCH \
+for v in ARCH QUICK ROWS STEPS THREADS PER_CLASS SCALING SCALE_SIZE SCALE_BATCH CONV_PEAK CONV_BATCH \
          CONV_ITERS COMPILE JEMALLOC OUT TRAINER_BIN TRAINER_PIP_BIN PIP_PYTHON TRAINER_TORCH_VERSION \
          TRAINER_TORCH_VENV; do
   if [[ -n ${!v+x} ]]; then printf -v q %q "${!v}"; cmd+="$v=$q "; fi
@@ -73,6 +75,7 @@ else
   conv_batch=${CONV_BATCH:-16}; conv_iters=${CONV_ITERS:-3}
 fi
 threads=${THREADS:-2}
+arch=${ARCH:-resnet50}
 scaling=${SCALING:-1}
 conv_peak=${CONV_PEAK:-1}
 compile=${COMPILE:-1}
@@ -258,7 +261,7 @@ fail_note() {  # WHAT LOG
 # trainer_job NAME SIZE BATCH PRECISION CHANNELS_LAST THREADS: writes $work/NAME.yaml
 trainer_job() {
   cat >"$work/$1.yaml" <<YAML
-model: {arch: resnet50}
+model: {arch: $arch}
 data:
   train: {format: imagefolder, path: $work/data/train}
   image_size: $2
@@ -299,7 +302,7 @@ run_peer() {
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
   if env ${envs[@]+"${envs[@]}"} "$python" scripts/bench/peer_pytorch.py --data "$work/data/train" \
-       --warmup "$warmup" --steps "$steps" "$@" >"$work/res/$name.json" 2>"$work/logs/$name.log"; then
+       --arch "$arch" --warmup "$warmup" --steps "$steps" "$@" >"$work/res/$name.json" 2>"$work/logs/$name.log"; then
     :
   else
     rm -f "$work/res/$name.json"
@@ -391,7 +394,7 @@ if [[ $scaling == 1 ]]; then
 fi
 
 # The report.
-ROWS_=$rows THREADS_=$threads STEPS_=$steps WARMUP_=$warmup CMD_=$cmd JEMALLOC_=$jemalloc \
+ARCH_=$arch ROWS_=$rows THREADS_=$threads STEPS_=$steps WARMUP_=$warmup CMD_=$cmd JEMALLOC_=$jemalloc \
 SCALING_=$scaling SCALE_=$scale_size/$scale_batch SIDES_="${sides[*]}" SIDES_DIR_=$work/sides \
 DATE_=$started COMMIT_=$commit DIRTY_=$dirty PER_CLASS_=$per_class RES_=$work/res OUT_=$out \
 "$drv" - <<'PY'
@@ -479,7 +482,7 @@ def ratio(a, b):
 
 
 def gflop_per_image(size):  # ResNet50 training (forward + backward), ~24.5 GFLOP at 224x224
-    return 24.5 * (size / 224.0) ** 2
+    return 24.5 * (size / 224.0) ** 2 if env["ARCH_"] == "resnet50" else None
 
 
 RATIOS = [("trainer_pip", "peer_pip"), ("trainer_pip", "peer_pip_compile"),
@@ -494,7 +497,7 @@ for i, spec in enumerate(env["ROWS_"].split()):
     results = {s: load(f"row{i}.{s}") for s in SIDES}
     peak = get(conv, precision)
     conv_fraction = {s: (None if get(r, "images_per_sec") is None or not peak
-                         else get(r, "images_per_sec") * gflop_per_image(size) / peak)
+                         or gflop_per_image(size) is None else get(r, "images_per_sec") * gflop_per_image(size) / peak)
                      for s, r in results.items()}
     ratios = {f"{a}/{b}": ratio(get(results[a], "images_per_sec"), get(results[b], "images_per_sec"))
               for a, b in RATIOS}
@@ -530,7 +533,7 @@ for key in SIDES:
 print(f"- **Date** {env['DATE_']}; **commit** {env['COMMIT_']}{dirty}. **Data** "
       f"{int(env['PER_CLASS_']) * 5} generated 800x600 JPEGs ({side_file('data_maker', None) or '?'}). "
       f"**Steps** {env['STEPS_']}, medians after the first {env['WARMUP_']}. "
-      f"**Command** `{env['CMD_']}`")
+      f"**Network** {env['ARCH_']}. **Command** `{env['CMD_']}`")
 print()
 print("| config (size/batch/precision/layout) | " + " | ".join(f"{L[s]} img/s" for s in SIDES)
       + " | " + " | ".join(f"{L[a]} / {L[b]}" for a, b in RATIOS) + " |")

@@ -1,7 +1,7 @@
 // EfficientNet end to end: a job with stochastic depth and dropout drawing in training resumes
 // bit-identical; 2 workers x batch 4 and micro-batches equal 1 worker x batch 8 (each example
-// draws its own masks, model/row_noise.h); the model directory loads into torchvision's own class (strict) and gives
-// predict's probabilities (tests/parity/torchvision_predict.py).
+// draws its own masks, model/row_noise.h); the model directory loads into torchvision's own class
+// (strict) and gives predict's probabilities (tests/parity/torchvision_predict.py).
 #include "common/catch.h"
 
 #include "fixtures.h"
@@ -24,7 +24,7 @@ TEST_CASE("efficientnet_b0 resumes bit-identical and its model is torchvision's"
   write_text(dir / "job.yaml", tiny_job_yaml(2));
   const std::string common =
       "--config job.yaml --set model.arch=efficientnet_b0 "
-      "--set data.augment.horizontal_flip=true --set model.head_hidden=16";
+      "--set data.augment.horizontal_flip=true";
   const Result full = run_trainer(dir.path(), common + " --job-dir full");
   INFO(full.err);
   REQUIRE(full.code == 0);
@@ -35,7 +35,8 @@ TEST_CASE("efficientnet_b0 resumes bit-identical and its model is torchvision's"
   REQUIRE(first.code == 0);
   CHECK(weights(dir / "split") != weights(dir / "full"));
   const Result second = run_trainer(
-      dir.path(), common + " --job-dir split --set data.num_workers=3 --set data.prefetch_batches=5");
+      dir.path(),
+      common + " --job-dir split --set data.num_workers=3 --set data.prefetch_batches=5");
   INFO(second.err);
   REQUIRE(second.code == 0);
   CHECK_THAT(second.err, Contains("resumed from"));
@@ -49,9 +50,9 @@ TEST_CASE("efficientnet_b0 resumes bit-identical and its model is torchvision's"
   write_text(dir / "predictions.jsonl", pred.out);
   const std::string script =
       std::string(TRAINER_SOURCE_DIR) + "/tests/parity/torchvision_predict.py";
-  const int rc = sh("cd " + quote(dir.path().string()) + " && (" + TRAINER_PYTHON + " " +
-                    quote(script) +
-                    " --model-dir full/model --predictions predictions.jsonl > check.txt 2>&1)");
+  const int rc =
+      sh("cd " + quote(dir.path().string()) + " && (" + TRAINER_PYTHON + " " + quote(script) +
+         " --model-dir full/model --predictions predictions.jsonl > check.txt 2>&1)");
   INFO(slurp(dir / "check.txt"));
   CHECK(rc == 0);
   CHECK_THAT(slurp(dir / "check.txt"), Contains("arch=efficientnet_b0"));
@@ -70,8 +71,9 @@ TEST_CASE("efficientnet_b0: 2 workers x batch 4 and micro-batches equal 1 worker
   // Fine-tuning as users do, from weights whose BN statistics have seen the data (at their
   // initial values EfficientNet's activations fade to nothing through 16 blocks), with BN
   // frozen: what is left to differ between the splits is stochastic depth and dropout.
-  const Result warm = run_trainer(dir.path(), base + " --job-dir warm --set train.epochs=4 "
-                                                     "--set train.per_replica_batch_size=8");
+  const Result warm = run_trainer(dir.path(), base +
+                                                  " --job-dir warm --set train.epochs=4 "
+                                                  "--set train.per_replica_batch_size=8");
   INFO(warm.err);
   REQUIRE(warm.code == 0);
   const std::string common = base +
@@ -89,7 +91,8 @@ TEST_CASE("efficientnet_b0: 2 workers x batch 4 and micro-batches equal 1 worker
   }
   const Result micro = run_trainer(
       dir.path(),
-      common + " --job-dir micro --set train.per_replica_batch_size=8 --set train.micro_batch_size=2");
+      common +
+          " --job-dir micro --set train.per_replica_batch_size=8 --set train.micro_batch_size=2");
   INFO(micro.err);
   REQUIRE(micro.code == 0);
   const auto a = read_f32(dir / "one" / "model" / "model.safetensors");
@@ -102,10 +105,11 @@ TEST_CASE("efficientnet_b0: 2 workers x batch 4 and micro-batches equal 1 worker
   // The masks matter: another data seed (other masks; the same images in the same order, no
   // augmentation) lands elsewhere, so the agreement above is the per-example draws'.
   const Result reseeded =
-      run_trainer(dir.path(), common + " --job-dir reseeded --set train.per_replica_batch_size=8 "
-                                       "--set data.seed=4");
+      run_trainer(dir.path(), common +
+                                  " --job-dir reseeded --set train.per_replica_batch_size=8 "
+                                  "--set data.seed=4");
   INFO(reseeded.err);
   REQUIRE(reseeded.code == 0);
-  CHECK(largest_relative_difference(a, read_f32(dir / "reseeded" / "model" /
-                                                "model.safetensors")) > 1e-2);
+  CHECK(largest_relative_difference(a, read_f32(dir / "reseeded" / "model" / "model.safetensors")) >
+        1e-2);
 }

@@ -21,7 +21,7 @@ namespace {
 
 constexpr double kBnEps = 1e-5;
 constexpr double kBnMomentum = 0.1;
-constexpr double kStochasticDepth = 0.2;  // torchvision's stochastic_depth_prob
+constexpr double kStochasticDepth = 0.2;    // torchvision's stochastic_depth_prob
 constexpr int64_t kDropoutLayer = 1 << 20;  // RowNoise's layer id of the classifier's dropout
 
 struct Variant {
@@ -41,7 +41,7 @@ struct Stage {
   int64_t kernel, stride, in, out, layers;
 };
 constexpr Stage kStages[] = {
-    {1, 3, 1, 32, 16, 1},  {6, 3, 2, 16, 24, 2},   {6, 5, 2, 24, 40, 2},  {6, 3, 2, 40, 80, 3},
+    {1, 3, 1, 32, 16, 1},  {6, 3, 2, 16, 24, 2},   {6, 5, 2, 24, 40, 2},   {6, 3, 2, 40, 80, 3},
     {6, 5, 1, 80, 112, 3}, {6, 5, 2, 112, 192, 4}, {6, 3, 1, 192, 320, 1},
 };
 
@@ -74,11 +74,11 @@ TORCH_MODULE(Chain);
 Chain conv_norm_act(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
                     bool activation) {
   Chain s(nn::Conv2d(nn::Conv2dOptions(in, out, kernel)
-                                  .stride(stride)
-                                  .padding((kernel - 1) / 2)
-                                  .groups(groups)
-                                  .bias(false)),
-                   BatchNorm(out, kBnEps, kBnMomentum));
+                         .stride(stride)
+                         .padding((kernel - 1) / 2)
+                         .groups(groups)
+                         .bias(false)),
+          BatchNorm(out, kBnEps, kBnMomentum));
   if (activation) s->push_back(nn::SiLU());
   return s;
 }
@@ -87,8 +87,8 @@ Chain conv_norm_act(int64_t in, int64_t out, int64_t kernel, int64_t stride, int
 class SqueezeExcitationImpl : public nn::Module {
  public:
   SqueezeExcitationImpl(int64_t channels, int64_t squeeze)
-      : avgpool_(register_module("avgpool",
-                                 nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)))),
+      : avgpool_(
+            register_module("avgpool", nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)))),
         fc1_(register_module("fc1", nn::Conv2d(nn::Conv2dOptions(channels, squeeze, 1)))),
         fc2_(register_module("fc2", nn::Conv2d(nn::Conv2dOptions(squeeze, channels, 1)))),
         activation_(register_module("activation", nn::SiLU())),
@@ -111,8 +111,8 @@ TORCH_MODULE(SqueezeExcitation);
 // here: the draw is made in forward, from the Net's RowNoise.
 class MBConvImpl : public nn::Module {
  public:
-  MBConvImpl(double expand, int64_t kernel, int64_t stride, int64_t in, int64_t out,
-             double sd_prob, int64_t layer_id, std::shared_ptr<RowNoise> noise)
+  MBConvImpl(double expand, int64_t kernel, int64_t stride, int64_t in, int64_t out, double sd_prob,
+             int64_t layer_id, std::shared_ptr<RowNoise> noise)
       : residual_(stride == 1 && in == out),
         sd_prob_(sd_prob),
         layer_id_(layer_id),
@@ -197,8 +197,8 @@ NetParts build_efficientnet(const NetOptions& options, const std::shared_ptr<Row
       const int64_t in = i == 0 ? width(s.in) : width(s.out);
       const double sd_prob =
           kStochasticDepth * static_cast<double>(block_id) / static_cast<double>(total_blocks);
-      stage->push_back(MBConv(s.expand, s.kernel, i == 0 ? s.stride : 1, in, width(s.out),
-                              sd_prob, block_id, noise));
+      stage->push_back(MBConv(s.expand, s.kernel, i == 0 ? s.stride : 1, in, width(s.out), sd_prob,
+                              block_id, noise));
       ++block_id;
     }
     features->push_back(stage);

@@ -105,9 +105,15 @@ class Writer {
   }
 
   // The convolution's stride, input and output channels.
-  int64_t stride(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.stride()->at(0); }
-  int64_t in_channels(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.in_channels(); }
-  int64_t out_channels(const std::string& conv_name) { return module<nn::Conv2dImpl>(conv_name)->options.out_channels(); }
+  int64_t stride(const std::string& conv_name) {
+    return module<nn::Conv2dImpl>(conv_name)->options.stride()->at(0);
+  }
+  int64_t in_channels(const std::string& conv_name) {
+    return module<nn::Conv2dImpl>(conv_name)->options.in_channels();
+  }
+  int64_t out_channels(const std::string& conv_name) {
+    return module<nn::Conv2dImpl>(conv_name)->options.out_channels();
+  }
 
   // y = x W^T + b (nn::Linear), as Gemm(transB = 1).
   std::string linear(const std::string& input, const std::string& name, const std::string& out) {

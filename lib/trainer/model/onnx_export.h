@@ -1,5 +1,5 @@
-// A trained classifier (model/net.h) as an ONNX model (what a serving stack reads: ONNX Runtime, OpenCV's DNN,
-// TensorRT, OpenVINO, Triton), written with the ONNX project's protobuf types through
+// A trained classifier (model/net.h) as an ONNX model (what a serving stack reads: ONNX Runtime,
+// OpenCV's DNN, TensorRT, OpenVINO, Triton), written with the ONNX project's protobuf types through
 // model/onnx/graph.h and checked with its checker before it is returned.
 // The graph is the module's eval-mode forward: every BatchNorm is folded into the convolution
 // before it (weights and a bias, computed in double, stored in fp32), as torch.onnx.export does

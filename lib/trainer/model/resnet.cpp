@@ -173,11 +173,12 @@ NetParts build_resnet(const NetOptions& options) {
   const ArchSpec& spec = *find_arch(options.arch);
   NetParts parts;
   int64_t inplanes = 64;
-  parts.trunk.push_back(
-      part("conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false))));
+  parts.trunk.push_back(part(
+      "conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false))));
   parts.trunk.push_back(part("bn1", batch_norm(inplanes)));
   parts.trunk.push_back(part("relu", nn::ReLU(nn::ReLUOptions(true))));
-  parts.trunk.push_back(part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
+  parts.trunk.push_back(
+      part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
   const int64_t planes[4] = {64, 128, 256, 512};
   for (int i = 0; i < 4; ++i) {
     const int64_t stride = i == 0 ? 1 : 2;
@@ -190,9 +191,9 @@ NetParts build_resnet(const NetOptions& options) {
   if (options.head_hidden == 0) {
     parts.head = part("fc", nn::Linear(parts.feature_dim, options.num_classes));
   } else {
-    parts.head = part("fc", nn::Sequential(nn::Linear(parts.feature_dim, options.head_hidden),
-                                           nn::ReLU(),
-                                           nn::Linear(options.head_hidden, options.num_classes)));
+    parts.head =
+        part("fc", nn::Sequential(nn::Linear(parts.feature_dim, options.head_hidden), nn::ReLU(),
+                                  nn::Linear(options.head_hidden, options.num_classes)));
   }
 
   // As torchvision: convs kaiming_normal_(fan_out, relu), BN weight 1 / bias 0, Linear keeps

@@ -154,7 +154,8 @@ const std::vector<Bad> kBad = {
      false,
      {"job.yaml:2: model.arch: expected one of "
       "resnet18|resnet34|resnet50|resnet101|resnet152|resnext50_32x4d|resnext101_32x8d|"
-      "resnext101_64x4d|wide_resnet50_2|wide_resnet101_2, got 'vgg16'"}},
+      "resnext101_64x4d|wide_resnet50_2|wide_resnet101_2|efficientnet_b0|efficientnet_b1|"
+      "efficientnet_b2|efficientnet_b3|efficientnet_b4, got 'vgg16'"}},
     {"bad train format",
      "data:\n  train:\n    path: /d\n    format: tfrecords\n",
      {},
@@ -303,16 +304,11 @@ const std::vector<Bad> kBad = {
      {},
      false,
      {"job.yaml:2: train.per_replica_batch_size: expected an integer in [1, 4096], got '0'"}},
-    {"learning_rate 0",
-     "train:\n  optimizer:\n    learning_rate: 0\n",
-     {},
-     false,
-     {"job.yaml:3: train.optimizer.learning_rate: expected a positive number, got '0'"}},
     {"learning_rate negative",
      "",
      {"train.optimizer.learning_rate=-1e-3"},
      false,
-     {"train.optimizer.learning_rate: expected a positive number, got '-0.001'"}},
+     {"train.optimizer.learning_rate: expected a non-negative number, got '-0.001'"}},
     {"momentum 1",
      "train:\n  optimizer:\n    momentum: 1\n",
      {},
@@ -457,12 +453,12 @@ const std::vector<Bad> kBad = {
      "train:\n  optimizer:\n    learning_rate: fast\n",
      {},
      false,
-     {"job.yaml:3: train.optimizer.learning_rate: expected a positive number, got 'fast'"}},
+     {"job.yaml:3: train.optimizer.learning_rate: expected a non-negative number, got 'fast'"}},
     {"infinity for number",
      "train:\n  optimizer:\n    learning_rate: .inf\n",
      {},
      false,
-     {"job.yaml:3: train.optimizer.learning_rate: expected a positive number, got '.inf'"}},
+     {"job.yaml:3: train.optimizer.learning_rate: expected a non-negative number, got '.inf'"}},
     {"word for bool",
      "data:\n  shuffle: maybe\n",
      {},
@@ -855,7 +851,7 @@ TEST_CASE("validate_job_spec checks specs built in code", "[config]") {
   s.train.optimizer.momentum = 0.9;
   s.train.optimizer.learning_rate = std::numeric_limits<double>::quiet_NaN();
   CHECK_THROWS_WITH(trainer::config::validate_job_spec(s, "test"),
-                    Contains("train.optimizer.learning_rate: expected a positive number"));
+                    Contains("train.optimizer.learning_rate: expected a non-negative number"));
 }
 
 TEST_CASE("the first problem in declaration order is reported", "[config]") {

@@ -375,7 +375,9 @@ TEST_CASE("field_reference lists every field with its default and doc", "[config
   CHECK_THAT(ref, Contains("  model.num_classes = auto"));
   CHECK_THAT(ref, Contains("  model.pretrained = \"\""));
   CHECK_THAT(ref, Contains("(resnet18|resnet34|resnet50|resnet101|resnet152|resnext50_32x4d|"
-                           "resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2)"));
+                           "resnext101_32x8d|resnext101_64x4d|wide_resnet50_2|wide_resnet101_2|"
+                           "efficientnet_b0|efficientnet_b1|efficientnet_b2|efficientnet_b3|"
+                           "efficientnet_b4)"));
   CHECK_THAT(ref, StartsWith("model: "));
   CHECK_THAT(ref, Contains("\ntrain: "));
   const JobSpec defaults;

@@ -81,8 +81,8 @@ TEST_CASE("EfficientNet's draws are per example: any split of a batch computes t
     return net->forward(in);
   };
   const torch::Tensor whole = forward(x, seeds({11, 12, 13, 14}));
-  const torch::Tensor halves = torch::cat({forward(x.narrow(0, 0, 2), seeds({11, 12})),
-                                           forward(x.narrow(0, 2, 2), seeds({13, 14}))});
+  const torch::Tensor halves = torch::cat(
+      {forward(x.narrow(0, 0, 2), seeds({11, 12})), forward(x.narrow(0, 2, 2), seeds({13, 14}))});
   // The same masks: equal up to the convolutions' batch-size-dependent summation order.
   const double scale = whole.abs().max().item<double>();
   INFO("largest logit " << scale);
@@ -141,8 +141,7 @@ TEST_CASE("EfficientNet trains under bf16 CPU autocast with channels_last", "[ef
     logits = net->forward(x);
   }
   CHECK(logits.scalar_type() == torch::kBFloat16);
-  torch::nn::functional::cross_entropy(logits.to(torch::kFloat), torch::tensor({1, 3}))
-      .backward();
+  torch::nn::functional::cross_entropy(logits.to(torch::kFloat), torch::tensor({1, 3})).backward();
   const auto params = net->named_parameters();
   CHECK(params["features.0.0.weight"].grad().defined());
   CHECK(params["features.0.0.weight"].grad().abs().sum().item<double>() > 0);

@@ -6,9 +6,9 @@
 
 #include <opencv2/dnn.hpp>
 
+#include "trainer/model/net.h"
 #include "trainer/model/onnx/graph.h"
 #include "trainer/model/onnx_export.h"
-#include "trainer/model/net.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::model;
@@ -74,7 +74,8 @@ TEST_CASE("export_onnx: every depth and both heads, checked, and OpenCV computes
         int64_t expected = 0;
         for (const auto& m : net->modules(false)) {
           if (m->as<BatchNorm>()) continue;
-          for (const auto& p : m->named_parameters(/*recurse=*/false)) expected += p.value().numel();
+          for (const auto& p : m->named_parameters(/*recurse=*/false))
+            expected += p.value().numel();
           auto* conv = m->as<torch::nn::Conv2d>();
           if (conv && !conv->bias.defined()) expected += conv->weight.size(0);
         }
@@ -94,9 +95,9 @@ TEST_CASE("export_onnx: every depth and both heads, checked, and OpenCV computes
           cvnet.setInput(cv::Mat(4, dims.data(), CV_32F, part.data_ptr<float>()).clone(), "input");
           const cv::Mat got = cvnet.forward("logits");
           REQUIRE(static_cast<int64_t>(got.total()) == 5 * per_run);
-          rows.push_back(torch::from_blob(const_cast<float*>(got.ptr<float>()), {per_run, 5},
-                                          torch::kFloat)
-                             .clone());
+          rows.push_back(
+              torch::from_blob(const_cast<float*>(got.ptr<float>()), {per_run, 5}, torch::kFloat)
+                  .clone());
         }
         const torch::Tensor got_t = torch::cat(rows);
         const double scale = std::max(1.0, want.abs().max().item<double>());

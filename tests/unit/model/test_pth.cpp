@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "model_test_util.h"
-#include "trainer/model/pth.h"
 #include "trainer/model/net.h"
+#include "trainer/model/pth.h"
 #include "trainer/model/safetensors.h"
 
 using namespace trainer::model;
