@@ -30,7 +30,7 @@
 # /usr/bin/python3, first-step time) and a weak-scaling table (trainer 1.13 launch --workers 2
 # against PyTorch 1.13 DDP over Gloo, 1 thread per process). Medians over the steps after the
 # first 2. Slow: use QUICK=1 for a smoke run.
-#   [ARCH=resnet50] [QUICK=1] [ROWS="224/16/fp32/nchw 224/16/bf16/cl ..."] [STEPS=12] [THREADS=2]
+#   [ARCH=resnet50] [SIDES_ONLY="trainer_pip peer_pip"] [QUICK=1] [ROWS="224/16/fp32/nchw 224/16/bf16/cl ..."] [STEPS=12] [THREADS=2]
 #   [PER_CLASS=auto] [SCALING=1] [SCALE_SIZE=224] [SCALE_BATCH=16] [CONV_PEAK=1] [CONV_BATCH=16]
 #   [CONV_ITERS=3] [COMPILE=1] [JEMALLOC=none|auto|path] [OUT=results.json]
 #   [TRAINER_BIN=build/app/trainer] [TRAINER_PIP_BIN=build-pip/app/trainer]
@@ -52,7 +52,7 @@ drv=$py              # runs this script's own helpers (standard library only)
 
 # The command as given, for the header.
 cmd=""
-for v in ARCH QUICK ROWS STEPS THREADS PER_CLASS SCALING SCALE_SIZE SCALE_BATCH CONV_PEAK CONV_BATCH \
+for v in ARCH SIDES_ONLY QUICK ROWS STEPS THREADS PER_CLASS SCALING SCALE_SIZE SCALE_BATCH CONV_PEAK CONV_BATCH \
          CONV_ITERS COMPILE JEMALLOC OUT TRAINER_BIN TRAINER_PIP_BIN PIP_PYTHON TRAINER_TORCH_VERSION \
          TRAINER_TORCH_VENV; do
   if [[ -n ${!v+x} ]]; then printf -v q %q "${!v}"; cmd+="$v=$q "; fi
@@ -182,6 +182,16 @@ elif v=$("${bin[peer_pip]}" -c "$compile_check_py" 2>&1); then
   { cat "$work/sides/peer_pip.version"; printf '%s\n' "$v"; } >"$work/sides/peer_pip_compile.version"
 else
   skip peer_pip_compile "$(tail -n 1 <<<"$v")"
+fi
+
+# SIDES_ONLY="trainer_pip peer_pip": run only those sides (the others show `-`).
+if [[ -n ${SIDES_ONLY:-} ]]; then
+  for s in "${sides[@]}"; do
+    if [[ -n ${bin[$s]:-} && " $SIDES_ONLY " != *" $s "* ]]; then
+      unset "bin[$s]"
+      skip "$s" "not in SIDES_ONLY"
+    fi
+  done
 fi
 
 jemalloc=${JEMALLOC:-none}
