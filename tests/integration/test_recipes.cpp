@@ -79,7 +79,9 @@ TEST_CASE("every recipe option on: a resumed job ends bit-identical", "[resume][
   }
   CHECK(ema_metrics);
 
-  SECTION("a damaged recipe state is a data error naming the file, and nothing is lost") {
+  // One flow, not Catch sections (each would train full and split again).
+  // A damaged recipe state is a data error naming the file, and nothing is lost.
+  {
     const Result again =
         run_trainer(dir.path(), common + " --job-dir damaged --set train.max_steps=4");
     REQUIRE(again.code == 0);
@@ -97,7 +99,8 @@ TEST_CASE("every recipe option on: a resumed job ends bit-identical", "[resume][
     CHECK(fs::exists(ckpt / "model.safetensors"));
   }
 
-  SECTION("export.weights: raw exports the trained weights") {
+  // export.weights: raw exports the trained weights.
+  {
     const Result raw = run_trainer(dir.path(), common + " --job-dir raw --set export.weights=raw");
     INFO(raw.err);
     REQUIRE(raw.code == 0);
@@ -282,10 +285,9 @@ TEST_CASE("the recipe configs are accepted by inspect and train end to end", "[r
        {"torchvision_resnet50.yaml", "cassava_kaggle.yaml", "cassava_efficientnet.yaml"}) {
     INFO(name);
     const bool effnet = name == "cassava_efficientnet.yaml";
-    const std::string config =
-        " --config " + (configs / name).string() +
-        (effnet ? " --set model.arch=efficientnet_b0 --set model.pretrained="
-                : " --set model.arch=resnet18");
+    const std::string config = " --config " + (configs / name).string() +
+                               (effnet ? " --set model.arch=efficientnet_b0 --set model.pretrained="
+                                       : " --set model.arch=resnet18");
     const Result inspect = run_trainer(dir.path(), "inspect" + config + here);
     INFO(inspect.err);
     REQUIRE(inspect.code == 0);

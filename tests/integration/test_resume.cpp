@@ -67,7 +67,9 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
   CHECK(summary_steps(dir / "split" / "logs" / "validation", "epoch_loss") ==
         std::vector<int64_t>{3, 6});
 
-  SECTION("a truncated newest checkpoint is skipped") {
+  // One flow, not Catch sections (each would train full and split again).
+  // A truncated newest checkpoint is skipped.
+  {
     const Result again =
         run_trainer(dir.path(), common + " --job-dir trunc --set train.max_steps=3");
     REQUIRE(again.code == 0);
@@ -80,29 +82,29 @@ TEST_CASE("stopped after epoch 1 and resumed ends bit-identical", "[resume]") {
     CHECK(weights(dir / "trunc") == weights(dir / "full"));  // retrained from scratch, same result
   }
 
-  SECTION("raising --epochs continues a finished run; a finished run is left alone") {
-    const Result done = run_trainer(dir.path(), common + " --job-dir full");
-    CHECK(done.code == 0);
-    CHECK_THAT(done.err, Contains("nothing to do"));
-    const Result more = run_trainer(dir.path(), common + " --job-dir full --epochs 3");
-    INFO(more.err);
-    CHECK(more.code == 0);
-    CHECK_THAT(more.err, Contains("resumed from"));
-    CHECK(nlohmann::json::parse(slurp(dir / "full" / "model" / "model.json"))["epochs"] == 3);
-  }
+  // A different job in the same dir is refused, and nothing is lost.
+  const Result other =
+      run_trainer(dir.path(), common + " --job-dir full --set train.optimizer.name=sgd");
+  CHECK(other.code == 2);
+  CHECK_THAT(other.err, Contains("train.optimizer.name"));
+  CHECK(weights(dir / "full") == weights(dir / "split"));
 
-  SECTION("a different job in the same dir is refused unless --overwrite") {
-    const Result other =
-        run_trainer(dir.path(), common + " --job-dir full --set train.optimizer.name=sgd");
-    CHECK(other.code == 2);
-    CHECK_THAT(other.err, Contains("train.optimizer.name"));
-    CHECK(weights(dir / "full") == weights(dir / "split"));  // nothing lost
-    const Result forced = run_trainer(
-        dir.path(), common + " --job-dir full --set train.optimizer.name=sgd --overwrite");
-    INFO(forced.err);
-    CHECK(forced.code == 0);
-    CHECK_THAT(slurp(dir / "full" / "job.yaml"), Contains("sgd"));
-  }
+  // Raising --epochs continues a finished run; a finished run is left alone.
+  const Result done = run_trainer(dir.path(), common + " --job-dir full");
+  CHECK(done.code == 0);
+  CHECK_THAT(done.err, Contains("nothing to do"));
+  const Result more = run_trainer(dir.path(), common + " --job-dir full --epochs 3");
+  INFO(more.err);
+  CHECK(more.code == 0);
+  CHECK_THAT(more.err, Contains("resumed from"));
+  CHECK(nlohmann::json::parse(slurp(dir / "full" / "model" / "model.json"))["epochs"] == 3);
+
+  // ... and --overwrite replaces the job.
+  const Result forced = run_trainer(
+      dir.path(), common + " --job-dir full --set train.optimizer.name=sgd --overwrite");
+  INFO(forced.err);
+  CHECK(forced.code == 0);
+  CHECK_THAT(slurp(dir / "full" / "job.yaml"), Contains("sgd"));
 }
 
 TEST_CASE("resuming with another world size: refused mid-epoch, allowed at an epoch boundary",
