@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/model/named_part.h"
 #include "trainer/model/net.h"
 
 namespace trainer::model {
@@ -161,11 +162,6 @@ class NoiseDropoutImpl : public nn::Module {
 };
 TORCH_MODULE(NoiseDropout);
 
-template <typename M>
-NamedPart part(const std::string& name, M module) {
-  return {name, module.ptr(), [module](torch::Tensor x) mutable { return module->forward(x); }};
-}
-
 }  // namespace
 
 bool is_efficientnet_arch(const std::string& arch) { return find_variant(arch) != nullptr; }
@@ -236,8 +232,8 @@ NetParts build_efficientnet(const NetOptions& options, const std::shared_ptr<Row
   classifier->apply(init);
 
   NetParts parts;
-  parts.trunk.push_back(part("features", features));
-  parts.head = part("classifier", classifier);
+  parts.trunk.push_back(named_part("features", features));
+  parts.head = named_part("classifier", classifier);
   parts.feature_dim = last_out;
   return parts;
 }

@@ -1,3 +1,4 @@
+#include "trainer/model/named_part.h"
 #include "trainer/model/net.h"
 
 #include <algorithm>
@@ -151,11 +152,6 @@ nn::Sequential make_layer(int64_t& inplanes, int64_t planes, int64_t blocks, int
   return layer;
 }
 
-template <typename M>
-NamedPart part(const std::string& name, M module) {
-  return {name, module.ptr(), [module](torch::Tensor x) mutable { return module->forward(x); }};
-}
-
 }  // namespace
 
 bool is_resnet_arch(const std::string& arch) { return find_arch(arch) != nullptr; }
@@ -173,27 +169,27 @@ NetParts build_resnet(const NetOptions& options) {
   const ArchSpec& spec = *find_arch(options.arch);
   NetParts parts;
   int64_t inplanes = 64;
-  parts.trunk.push_back(part(
+  parts.trunk.push_back(named_part(
       "conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false))));
-  parts.trunk.push_back(part("bn1", batch_norm(inplanes)));
-  parts.trunk.push_back(part("relu", nn::ReLU(nn::ReLUOptions(true))));
+  parts.trunk.push_back(named_part("bn1", batch_norm(inplanes)));
+  parts.trunk.push_back(named_part("relu", nn::ReLU(nn::ReLUOptions(true))));
   parts.trunk.push_back(
-      part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
+      named_part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
   const int64_t planes[4] = {64, 128, 256, 512};
   for (int i = 0; i < 4; ++i) {
     const int64_t stride = i == 0 ? 1 : 2;
     nn::Sequential layer =
         spec.bottleneck ? make_layer<Bottleneck>(inplanes, planes[i], spec.blocks[i], stride, spec)
                         : make_layer<BasicBlock>(inplanes, planes[i], spec.blocks[i], stride, spec);
-    parts.trunk.push_back(part("layer" + std::to_string(i + 1), layer));
+    parts.trunk.push_back(named_part("layer" + std::to_string(i + 1), layer));
   }
   parts.feature_dim = inplanes;
   if (options.head_hidden == 0) {
-    parts.head = part("fc", nn::Linear(parts.feature_dim, options.num_classes));
+    parts.head = named_part("fc", nn::Linear(parts.feature_dim, options.num_classes));
   } else {
-    parts.head =
-        part("fc", nn::Sequential(nn::Linear(parts.feature_dim, options.head_hidden), nn::ReLU(),
-                                  nn::Linear(options.head_hidden, options.num_classes)));
+    parts.head = named_part(
+        "fc", nn::Sequential(nn::Linear(parts.feature_dim, options.head_hidden), nn::ReLU(),
+                             nn::Linear(options.head_hidden, options.num_classes)));
   }
 
   // As torchvision: convs kaiming_normal_(fan_out, relu), BN weight 1 / bias 0, Linear keeps
