@@ -165,8 +165,7 @@ TEST_CASE("ONNX export refuses a damaged model (exit 3) and an existing --out (e
   info.num_classes = 2;
   info.class_names = {"a", "b"};
   info.image_size = 32;
-  trainer::train::export_model(dir / "model", trainer::model::make_net({"resnet18", 2, 0}),
-                               info);
+  trainer::train::export_model(dir / "model", trainer::model::make_net({"resnet18", 2, 0}), info);
   const std::string weights = slurp(dir / "model" / "model.safetensors");
   const auto refused_as_damaged = [&](const std::string& bytes) {
     write_text(dir / "model" / "model.safetensors", bytes);
