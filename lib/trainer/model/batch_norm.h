@@ -25,6 +25,13 @@ class BatchNormImpl : public torch::nn::Module {
  public:
   BatchNormImpl(int64_t features, double eps, double momentum);
   torch::Tensor forward(const torch::Tensor& input);
+  // relu(forward(input)), as torchvision's blocks follow a BatchNorm2d with ReLU(inplace=True).
+  // In training mode on a contiguous (NCHW) float32 CPU tensor without a reducer, forward and
+  // forward_relu run the trainer's own kernel: the statistics in one pass and the normalisation
+  // (and ReLU) in a second, against ATen's four (two for the statistics, one to normalise, one
+  // for ReLU); backward is ATen's. Otherwise forward() is torch.batch_norm (or SyncBN) and
+  // forward_relu adds relu_().
+  torch::Tensor forward_relu(const torch::Tensor& input);
   void set_reducer(std::shared_ptr<StatsReducer> reducer) { reducer_ = std::move(reducer); }
   bool synced() const { return reducer_ != nullptr; }
   double eps() const { return eps_; }
@@ -33,6 +40,9 @@ class BatchNormImpl : public torch::nn::Module {
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
+  bool fused_kernel_applies(const torch::Tensor& input) const;
+  torch::Tensor fused_forward(const torch::Tensor& input, bool relu);
+
   double eps_;
   double momentum_;
   std::shared_ptr<StatsReducer> reducer_;

@@ -43,7 +43,7 @@ class BasicBlockImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-    torch::Tensor out = relu_(bn1_(conv1_(x)));
+    torch::Tensor out = bn1_->forward_relu(conv1_(x));
     out = bn2_(conv2_(out));
     out += identity;
     return relu_(out);
@@ -84,8 +84,8 @@ class BottleneckImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-    torch::Tensor out = relu_(bn1_(conv1_(x)));
-    out = relu_(bn2_(conv2_(out)));
+    torch::Tensor out = bn1_->forward_relu(conv1_(x));
+    out = bn2_->forward_relu(conv2_(out));
     out = bn3_(conv3_(out));
     out += identity;
     return relu_(out);
@@ -171,8 +171,13 @@ NetParts build_resnet(const NetOptions& options) {
   int64_t inplanes = 64;
   parts.trunk.push_back(named_part(
       "conv1", nn::Conv2d(nn::Conv2dOptions(3, inplanes, 7).stride(2).padding(3).bias(false))));
-  parts.trunk.push_back(named_part("bn1", batch_norm(inplanes)));
-  parts.trunk.push_back(named_part("relu", nn::ReLU(nn::ReLUOptions(true))));
+  // bn1 and relu run as one (BatchNormImpl::forward_relu); relu stays registered, as in
+  // torchvision, with nothing left to do.
+  BatchNorm stem_bn = batch_norm(inplanes);
+  parts.trunk.push_back({"bn1", stem_bn.ptr(),
+                         [stem_bn](torch::Tensor x) mutable { return stem_bn->forward_relu(x); }});
+  parts.trunk.push_back(
+      {"relu", nn::ReLU(nn::ReLUOptions(true)).ptr(), [](torch::Tensor x) { return x; }});
   parts.trunk.push_back(
       named_part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
   const int64_t planes[4] = {64, 128, 256, 512};

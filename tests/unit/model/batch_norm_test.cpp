@@ -131,3 +131,92 @@ TEST_CASE("SyncBatchNorm over two replicas equals BatchNorm2d over the whole bat
   CHECK(worst(half[0]->running_mean, whole->running_mean) < 1e-5);
   CHECK(worst(half[1]->running_var, whole->running_var) < 1e-5);
 }
+
+TEST_CASE("forward_relu equals BatchNorm2d then relu_: forward, backward, statistics",
+          "[model][bn_relu]") {
+  torch::manual_seed(5);
+  // Odd plane sizes (7x5) reach the kernels' remainder loops; an offset mean and a mix of signs
+  // exercise the one-pass variance and the ReLU mask.
+  for (const bool training : {true, false}) {
+    INFO("training " << training);
+    const torch::Tensor x0 = torch::randn({3, 6, 7, 5}) * 3 + 2;
+    const torch::Tensor g = torch::randn({3, 6, 7, 5});
+    BatchNorm plain(6, 1e-5, 0.1), fused(6, 1e-5, 0.1);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto* bn : {&plain, &fused}) {
+        (*bn)->weight.copy_(torch::linspace(-1.5, 2.0, 6));
+        (*bn)->bias.copy_(torch::linspace(0.4, -0.3, 6));
+        (*bn)->running_mean.fill_(0.25);
+        (*bn)->running_var.fill_(1.5);
+      }
+    }
+    plain->train(training);
+    fused->train(training);
+    torch::Tensor xa = x0.clone().requires_grad_(true);
+    torch::Tensor xb = x0.clone().requires_grad_(true);
+    const torch::Tensor ya = plain(xa).relu_();
+    const torch::Tensor yb = fused->forward_relu(xb);
+    CHECK((yb - ya).abs().max().item<double>() < 1e-5);
+    CHECK(((yb > 0) == (ya > 0)).all().item<bool>());
+    (ya * g).sum().backward();
+    (yb * g).sum().backward();
+    CHECK((xb.grad() - xa.grad()).abs().max().item<double>() < 1e-4);
+    CHECK(worst(fused->weight.grad(), plain->weight.grad()) < 1e-4);
+    CHECK(worst(fused->bias.grad(), plain->bias.grad()) < 1e-5);
+    CHECK(worst(fused->running_mean, plain->running_mean) < 1e-6);
+    CHECK(worst(fused->running_var, plain->running_var) < 1e-5);
+    CHECK(fused->num_batches_tracked.item<int64_t>() == plain->num_batches_tracked.item<int64_t>());
+  }
+}
+
+TEST_CASE("forward in training mode equals torch.batch_norm: output, gradients, statistics",
+          "[model][bn_relu]") {
+  torch::manual_seed(7);
+  const torch::Tensor x0 = torch::randn({2, 5, 9, 3}) * 0.5 - 4;  // a mean far from 0
+  const torch::Tensor g = torch::randn({2, 5, 9, 3});
+  BatchNorm ours(5, 1e-5, 0.1);
+  ours->train();
+  torch::Tensor w = torch::linspace(0.5, 1.5, 5).requires_grad_(true);
+  torch::Tensor b = torch::linspace(-1, 1, 5).requires_grad_(true);
+  {
+    torch::NoGradGuard no_grad;
+    ours->weight.copy_(w);
+    ours->bias.copy_(b);
+  }
+  torch::Tensor rm = torch::zeros({5}), rv = torch::ones({5});
+  torch::Tensor xa = x0.clone().requires_grad_(true);
+  torch::Tensor xb = x0.clone().requires_grad_(true);
+  const torch::Tensor ya = torch::batch_norm(xa, w, b, rm, rv, true, 0.1, 1e-5, false);
+  torch::Tensor yb = ours(xb);
+  yb.add_(1.0);  // changed in place after, as a residual block does: backward must not mind
+  CHECK((yb - 1.0 - ya).abs().max().item<double>() < 1e-5);
+  (ya * g).sum().backward();
+  (yb * g).sum().backward();
+  CHECK((xb.grad() - xa.grad()).abs().max().item<double>() < 1e-4);
+  CHECK(worst(ours->weight.grad(), w.grad()) < 1e-4);
+  CHECK(worst(ours->bias.grad(), b.grad()) < 1e-5);
+  CHECK(worst(ours->running_mean, rm) < 1e-6);
+  CHECK(worst(ours->running_var, rv) < 1e-5);
+}
+
+TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model][bn_relu]") {
+  torch::manual_seed(6);
+  const torch::Tensor x0 = torch::randn({4, 8, 9, 9});
+  const torch::Tensor g = torch::randn({4, 8, 9, 9});
+  const int threads = torch::get_num_threads();
+  std::vector<torch::Tensor> outs;
+  for (const int t : {1, 2, 3}) {
+    torch::set_num_threads(t);
+    BatchNorm bn(8, 1e-5, 0.1);
+    bn->train();
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    const torch::Tensor y = bn->forward_relu(x);
+    (y * g).sum().backward();
+    outs.push_back(
+        torch::cat({y.flatten(), x.grad().flatten(), bn->weight.grad(), bn->running_var}));
+  }
+  torch::set_num_threads(threads);
+  CHECK(torch::equal(outs[0], outs[1]));
+  CHECK(torch::equal(outs[0], outs[2]));
+}
