@@ -2,26 +2,194 @@
 
 #include "trainer/model/batch_norm.h"
 #include "trainer/util/error.h"
+#include "trainer/util/kernel_switch.h"
+#include "trainer/util/torch_compat.h"
 
 namespace trainer::train {
+
+namespace {
+template <typename T>
+struct Type {
+  using type = T;
+};
+}  // namespace
+
+#if TRAINER_FUSED_OPTIMIZERS
+namespace {
+
+// The per-parameter state LibTorch's own optimizer keeps (created as it creates it), so
+// checkpoints (optimizer.pt) are the same archives whichever step computed them.
+template <typename State>
+State& state_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                const std::function<std::unique_ptr<State>()>& make, bool* fresh = nullptr) {
+  auto& states = optimizer.state();
+  const auto key = compat::optimizer_state_key(p);
+  auto it = states.find(key);
+  if (fresh != nullptr) *fresh = it == states.end();
+  if (it == states.end()) it = states.emplace(key, make()).first;
+  return static_cast<State&>(*it->second);
+}
+
+// The gradient in the parameter's own strides: the fused kernels walk parameter, gradient and
+// state as one flat array each (a channels_last parameter whose gradient came back contiguous
+// would otherwise be updated with the wrong elements).
+torch::Tensor grad_like_param(const torch::Tensor& p) {
+  const torch::Tensor& g = p.grad();
+  if (g.strides() == p.strides() && g.is_non_overlapping_and_dense()) return g;
+  return torch::empty_like(p).copy_(g);
+}
+
+// Adam and AdamW as LibTorch's classes (options, state, save and load), with step() one call of
+// at::_fused_adam_ / at::_fused_adamw_ per parameter group: what torch.optim.Adam(fused=True)
+// runs, one pass over each parameter's four arrays instead of LibTorch's eight element-wise
+// passes.
+template <typename Base, typename Options, typename State, bool kDecoupled>
+class FusedAdamT : public Base {
+ public:
+  using Base::Base;
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode grad_mode(true);
+      loss = closure();
+    }
+    for (auto& group : this->param_groups()) {
+      auto& o = static_cast<Options&>(group.options());
+      std::vector<torch::Tensor> params, grads, avgs, sqs, maxes, steps;
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        TORCH_CHECK(!p.grad().is_sparse(), "fused Adam: sparse gradients are not supported");
+        State& st = state_of<State>(*this, p, [&] {
+          auto fresh = std::make_unique<State>();
+          fresh->step(0);
+          fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          if (o.amsgrad())
+            fresh->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          return fresh;
+        });
+        st.step(st.step() + 1);
+        params.push_back(p);
+        grads.push_back(grad_like_param(p));
+        avgs.push_back(st.exp_avg());
+        sqs.push_back(st.exp_avg_sq());
+        if (o.amsgrad()) maxes.push_back(st.max_exp_avg_sq());
+        // torch.optim keeps the step as a float32 tensor on the parameter's device.
+        steps.push_back(
+            torch::full({}, static_cast<double>(st.step()), p.options().dtype(torch::kFloat)));
+      }
+      if (params.empty()) continue;
+      const auto [beta1, beta2] = o.betas();
+      if (kDecoupled) {
+        at::_fused_adamw_(params, grads, avgs, sqs, maxes, steps, o.lr(), beta1, beta2,
+                          o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
+      } else {
+        at::_fused_adam_(params, grads, avgs, sqs, maxes, steps, o.lr(), beta1, beta2,
+                         o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
+      }
+    }
+    return loss;
+  }
+};
+
+using FusedAdam =
+    FusedAdamT<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState, false>;
+using FusedAdamW = FusedAdamT<torch::optim::AdamW, torch::optim::AdamWOptions,
+                              torch::optim::AdamWParamState, true>;
+
+// SGD (momentum, dampening, Nesterov, weight decay) as LibTorch's class, with step() one call
+// of at::_fused_sgd_ per group and first step: torch.optim.SGD(fused=True). The momentum buffer
+// starts as the first (weight-decayed) gradient, as LibTorch's and torch.optim's do.
+class FusedSGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode grad_mode(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups()) {
+      auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
+      const bool momentum = o.momentum() != 0;
+      // [0]: parameters with a momentum buffer already; [1]: their first step.
+      std::vector<torch::Tensor> params[2], grads[2], bufs[2];
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        TORCH_CHECK(!p.grad().is_sparse(), "fused SGD: sparse gradients are not supported");
+        int first = 0;
+        if (momentum) {
+          bool fresh = false;
+          auto& st = state_of<torch::optim::SGDParamState>(
+              *this, p,
+              [&] {
+                auto s = std::make_unique<torch::optim::SGDParamState>();
+                s->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+                return s;
+              },
+              &fresh);
+          first = fresh ? 1 : 0;
+          bufs[first].push_back(st.momentum_buffer());
+        }
+        params[first].push_back(p);
+        grads[first].push_back(grad_like_param(p));
+      }
+      for (int first = 0; first < 2; ++first) {
+        if (params[first].empty()) continue;
+        at::_fused_sgd_(params[first], grads[first], bufs[first], o.weight_decay(), o.momentum(),
+                        o.lr(), o.dampening(), o.nesterov(), /*maximize=*/false,
+                        /*is_first_step=*/first == 1);
+      }
+    }
+    return loss;
+  }
+};
+
+}  // namespace
+#endif
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerSpec& spec,
                                                         std::vector<torch::Tensor> parameters) {
   const double lr = spec.learning_rate;
+  // LibTorch's optimizers, stepped by the fused kernels where LibTorch has them (the same
+  // classes, options and saved state either way).
+#if TRAINER_FUSED_OPTIMIZERS
+  const bool fused = !util::aten_kernels_only();
+#else
+  const bool fused = false;
+#endif
+  auto make = [&](auto plain, auto fast,
+                  auto&& options) -> std::unique_ptr<torch::optim::Optimizer> {
+    using Plain = typename decltype(plain)::type;
+    using Fast = typename decltype(fast)::type;
+    if (fused) return std::make_unique<Fast>(std::move(parameters), options);
+    return std::make_unique<Plain>(std::move(parameters), options);
+  };
+#if TRAINER_FUSED_OPTIMIZERS
+  using FastAdam = FusedAdam;
+  using FastAdamW = FusedAdamW;
+  using FastSGD = FusedSGD;
+#else
+  using FastAdam = torch::optim::Adam;
+  using FastAdamW = torch::optim::AdamW;
+  using FastSGD = torch::optim::SGD;
+#endif
   if (spec.name == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        std::move(parameters), torch::optim::AdamOptions(lr).weight_decay(spec.weight_decay));
+    return make(Type<torch::optim::Adam>{}, Type<FastAdam>{},
+                torch::optim::AdamOptions(lr).weight_decay(spec.weight_decay));
   }
   if (spec.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        std::move(parameters), torch::optim::AdamWOptions(lr).weight_decay(spec.weight_decay));
+    return make(Type<torch::optim::AdamW>{}, Type<FastAdamW>{},
+                torch::optim::AdamWOptions(lr).weight_decay(spec.weight_decay));
   }
   if (spec.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(std::move(parameters),
-                                               torch::optim::SGDOptions(lr)
-                                                   .momentum(spec.momentum)
-                                                   .nesterov(spec.nesterov)
-                                                   .weight_decay(spec.weight_decay));
+    return make(Type<torch::optim::SGD>{}, Type<FastSGD>{},
+                torch::optim::SGDOptions(lr)
+                    .momentum(spec.momentum)
+                    .nesterov(spec.nesterov)
+                    .weight_decay(spec.weight_decay));
   }
   throw ConfigError("train.optimizer.name: expected one of adam|adamw|sgd, got '" + spec.name +
                     "'");

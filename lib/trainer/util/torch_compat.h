@@ -16,6 +16,10 @@
   (TORCH_VERSION_MAJOR > (major) ||          \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+// at::_fused_adam_, _fused_adamw_ and _fused_sgd_ with CPU kernels (torch.optim's fused=True on
+// the CPU): LibTorch 2.4 and later. Before, the optimizers are LibTorch's per-tensor ones.
+#define TRAINER_FUSED_OPTIMIZERS TRAINER_TORCH_AT_LEAST(2, 4)
+
 namespace trainer::compat {
 
 // Autocast ("mixed precision") state per device type; CPU and CUDA are supported.
