@@ -65,7 +65,10 @@ using trainer::test_support::TempDir;  // tests/common/temp_dir.h
 inline Result run_trainer(const fs::path& cwd, const std::string& args,
                           const std::vector<std::string>& env = {}) {
   const fs::path out = cwd / ".stdout", err = cwd / ".stderr";
-  std::string cmd = "cd " + quote(cwd.string()) + " && env -u TF_CONFIG";
+  // The kernel-choice cache (train.precision/channels_last auto) in the test's own dir, not in
+  // the user's ~/.cache; a test may name another.
+  std::string cmd = "cd " + quote(cwd.string()) + " && env -u TF_CONFIG TRAINER_CACHE_DIR=" +
+                    quote((cwd / ".trainer-cache").string());
   for (const auto& e : env) cmd += " " + quote(e);
   cmd += " " + quote(TRAINER_BIN) + " " + args + " >" + quote(out.string()) + " 2>" +
          quote(err.string()) + " </dev/null";
@@ -96,7 +99,9 @@ class Background {
   Background(const fs::path& cwd, const std::string& args, const std::vector<std::string>& env,
              const std::string& tag, const std::string& prefix = "")
       : out_(cwd / (".stdout-" + tag)), err_(cwd / (".stderr-" + tag)) {
-    std::string cmd = "cd " + quote(cwd.string()) + " && exec " + prefix + " env -u TF_CONFIG";
+    std::string cmd =
+        "cd " + quote(cwd.string()) + " && exec " + prefix +
+        " env -u TF_CONFIG TRAINER_CACHE_DIR=" + quote((cwd / ".trainer-cache").string());
     for (const auto& e : env) cmd += " " + quote(e);
     cmd += " " + quote(TRAINER_BIN) + " " + args + " >" + quote(out_.string()) + " 2>" +
            quote(err_.string()) + " </dev/null";

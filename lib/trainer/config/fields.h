@@ -296,12 +296,16 @@ void visit(TrainSpec& s, V& v) {
     Field("cross-entropy label smoothing").at_least(0).below(1));
   v("precision", s.precision,
     Field("compute precision; bf16 = autocast; fp16 = autocast with dynamic loss scaling (GPUs); "
-          "auto = bf16 where the CPU/GPU computes it natively, fp16 on sm70/sm75 GPUs")
+          "auto = CPU: the faster of fp32 and bf16, timed at start-up on the model's own "
+          "convolutions; GPU: bf16 on sm80+, fp16 on sm70/sm75")
         .one_of({"fp32", "bf16", "fp16", "auto"}));
   v("deterministic", s.deterministic,
     Field("bit-reproducible kernels; auto = on for CPU (free), off on GPUs (cuDNN benchmark mode)")
         .one_of({"auto", "true", "false"}));
-  v("channels_last", s.channels_last, Field("NHWC memory format for the convolutions"));
+  v("channels_last", s.channels_last,
+    Field("NHWC memory format for the convolutions; auto = CPU: the faster layout, timed at "
+          "start-up with train.precision; GPU: true under fp16/bf16 autocast")
+        .one_of({"false", "true", "auto"}));
   v("threads", s.threads,
     Field("intra-op threads; 0 = the cores of this process's CPU affinity mask")
         .at_least(0)

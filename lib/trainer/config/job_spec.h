@@ -136,17 +136,20 @@ struct TrainSpec {
   int per_replica_batch_size = 64;  // global batch = this x number of replicas
   OptimizerSpec optimizer;
   LrScheduleSpec lr_schedule;
-  double label_smoothing = 0.0;        // in [0, 1)
-  std::string precision = "fp32";      // fp32 | bf16 (autocast) | fp16 (autocast + dynamic loss
-                                       // scaling; CUDA only) | auto (bf16 where the CPU computes it
-                                       // natively, AVX512_BF16/AMX, or on an sm80+ GPU; fp16 on
-                                       // sm70/sm75 GPUs such as the T4; else fp32)
-  std::string deterministic = "auto";  // auto | true | false: bit-reproducible kernels (cuDNN
-                                       // deterministic, no benchmark mode, cuBLAS workspace);
-                                       // auto = true on CPU, false on GPUs (benchmark mode on)
-  bool channels_last = false;          // NHWC memory format for the convolutions
-  int threads = 0;                     // intra-op threads; 0 = the cores this process may use (its
-                                       // CPU affinity mask), less those the decode threads need
+  double label_smoothing = 0.0;         // in [0, 1)
+  std::string precision = "fp32";       // fp32 | bf16 (autocast) | fp16 (autocast + dynamic loss
+                                        // scaling; CUDA only) | auto (CPU: the faster of fp32 and
+                                        // bf16 in a timing of the model's own convolutions at
+                                        // start-up, loop/kernel_choice.h; bf16 on an sm80+ GPU,
+                                        // fp16 on sm70/sm75 GPUs such as the T4, else fp32)
+  std::string deterministic = "auto";   // auto | true | false: bit-reproducible kernels (cuDNN
+                                        // deterministic, no benchmark mode, cuBLAS workspace);
+                                        // auto = true on CPU, false on GPUs (benchmark mode on)
+  std::string channels_last = "false";  // true | false | auto: NHWC memory format for the
+                                        // convolutions; auto = CPU: the faster layout in the same
+                                        // timing; GPU: true under fp16/bf16 autocast
+  int threads = 0;                      // intra-op threads; 0 = the cores this process may use (its
+                                        // CPU affinity mask), less those the decode threads need
   int micro_batch_size = 0;      // 0 = off; N = split each per-replica batch into micro-batches
                                  // of N with gradient accumulation (one optimizer step and
                                  // one all-reduce per batch; BN statistics per micro-batch)

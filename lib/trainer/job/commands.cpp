@@ -135,8 +135,9 @@ void agree_on_resume(dist::ProcessGroup& group, const cluster::ClusterSpec& clus
 nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterSpec& cluster) {
   const cluster::LocalRank local = cluster::local_rank(cluster::process_environment(), cluster);
   const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
-  const ModelSettings settings = model_settings(spec, device.device, /*warn_emulated_bf16=*/false);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
+  apply_threads(budget);  // auto precision or layout is timed on the job's threads
+  const ModelSettings settings = model_settings(spec, device.device, /*warn_emulated_bf16=*/false);
   const util::CpuFeatures cpu = util::cpu_features();
   const util::AllocatorInfo alloc = util::allocator_info();
   return {
@@ -150,6 +151,10 @@ nlohmann::json runtime_json(const config::JobSpec& spec, const cluster::ClusterS
       {"deterministic", settings.deterministic},
       {"precision_requested", spec.train.precision},
       {"memory_format", settings.channels_last ? "channels_last" : "nchw"},
+      {"memory_format_requested", spec.train.channels_last},
+      // How auto precision or layout was decided on this CPU: the candidates' timings.
+      {"format_choice",
+       settings.format_choice ? settings.format_choice->to_json() : nlohmann::json()},
       // Which BatchNorm the job trains with: frozen (eval mode), sync (statistics over the
       // global batch) or per-replica (each replica's own batch, as one process).
       {"batchnorm", spec.model.freeze_batchnorm                           ? "frozen"
@@ -193,6 +198,20 @@ void tell_peers(dist::ProcessGroup& group, const cluster::ClusterSpec& cluster,
   group.leave_after_failure(mine, std::min(spec.distributed.timeout_s, kFailureGraceS));
 }
 
+// train.precision or train.channels_last auto (the same spec on every rank, so every rank takes
+// part): the chief's choice, timed on its CPU, goes to every other rank.
+void share_format_choice(dist::ProcessGroup& group, const config::JobSpec& spec,
+                         ModelSettings& settings) {
+  if (group.world_size() == 1) return;
+  if (spec.train.precision != "auto" && spec.train.channels_last != "auto") return;
+  const bool chief = group.rank() == 0;
+  const std::string mine =
+      chief && settings.format_choice ? settings.format_choice->to_json().dump() : "";
+  const std::vector<std::string> all = group.all_gather_strings(mine);
+  if (chief || all[0].empty() || !settings.format_choice) return;  // a GPU job: no CPU timing
+  adopt_format_choice(settings, nlohmann::json::parse(all[0]));
+}
+
 // Steps 3 to 5 of run_train, once the process group is up.
 int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
                    const cluster::ClusterSpec& cluster, const cluster::JobDir& job_dir,
@@ -204,8 +223,11 @@ int train_in_group(const TrainOptions& options, const config::JobSpec& spec,
   agree(group, cluster, "listing the data", [&] { plan = plan_data(spec, cluster, list); });
   chief_writes(group, cluster, job_dir, "caching the record counts",
                [&] { cache_record_counts(plan, list); });
+  // The kernels' format too: every replica must compute alike (auto: the chief's choice).
   verify_same_job(group, cluster,
-                  job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr));
+                  job_description(spec, plan.train, plan.validation ? &*plan.validation : nullptr) +
+                      "effective precision=" + settings.precision + "\neffective memory format=" +
+                      (settings.channels_last ? "channels_last" : "nchw") + "\n");
 
   // 4. The job dir: the same job or none (the chief's claim); where to resume (every rank reads
   // the job dir the chief claimed, and all must see the same checkpoint).
@@ -282,13 +304,17 @@ int run_train(const TrainOptions& options) {
   const DeviceChoice device = resolve_device(spec.train.device, spec.distributed.backend, local);
   activate_device(device.device);
   spdlog::info("device {} ({})", device.device.str(), device.why);
-  const ModelSettings settings = model_settings(spec, device.device);
   const ThreadBudget budget = plan_threads(spec, cluster.world_size);
   apply_threads(budget);
+  // Auto precision or layout on a CPU: the chief times the candidates; the others take its
+  // choice once the group is up, so every replica runs the same kernels.
+  ModelSettings settings = model_settings(spec, device.device, /*warn_emulated_bf16=*/true,
+                                          /*measure=*/cluster.rank == 0);
   dist::DistOptions dist_opts = dist_options(spec, cluster, settings.device);
   dist_opts.threads = budget.gloo;
   const auto group = dist::ProcessGroup::connect(dist_opts);
   try {
+    share_format_choice(*group, spec, settings);
     agree(*group, cluster, "preparing the job dir", [&] {
       if (unwritable) std::rethrow_exception(unwritable);
     });

@@ -360,14 +360,36 @@ std::pair<double, double> measure_bf16_cost() {
 }
 
 ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& device,
-                             bool warn_emulated_bf16) {
+                             bool warn_emulated_bf16, bool measure) {
   const config::TrainSpec& train = spec.train;
   ModelSettings s;
   s.normalize = data::parse_normalize(spec.data.normalize);
   s.device = device;
   s.precision = effective_precision(train.precision, s.device);
   s.deterministic = effective_deterministic(train.deterministic, s.device);
-  s.channels_last = train.channels_last;
+  s.channels_last = train.channels_last == "true" ||
+                    (train.channels_last == "auto" && s.device.is_cuda() && s.precision != "fp32");
+  if (s.device.is_cpu() && (train.precision == "auto" || train.channels_last == "auto")) {
+    FormatRequest request;
+    request.precision = train.precision;
+    request.channels_last = train.channels_last;
+    request.arch = spec.model.arch;
+    request.head_hidden = spec.model.head_hidden;
+    request.image_size = spec.data.image_size;
+    request.batch =
+        train.micro_batch_size > 0 ? train.micro_batch_size : train.per_replica_batch_size;
+    FormatChoice choice;
+    if (measure) {
+      choice = choose_cpu_format(request);
+    } else {
+      choice.format = format_candidates(train.precision, train.channels_last, cpu_can_bf16())[0];
+      choice.source = "pending";
+    }
+    s.precision = choice.format.precision;
+    s.channels_last = choice.format.channels_last;
+    if (measure) spdlog::info("train.precision/channels_last auto: {}", choice.summary());
+    s.format_choice = std::move(choice);
+  }
   s.norm = data::norm_constants(s.normalize, s.device);
   if (warn_emulated_bf16 && train.precision == "bf16" && s.device.is_cpu() &&
       !util::cpu_features().native_bf16()) {
@@ -379,6 +401,23 @@ ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& d
         bf16_s / fp32_s, 1e3 * bf16_s, 1e3 * fp32_s);
   }
   return s;
+}
+
+void adopt_format_choice(ModelSettings& settings, const nlohmann::json& chief) {
+  FormatChoice choice = FormatChoice::from_json(chief);
+  const std::string here = util::cpu_features().model;
+  if (!choice.cpu_model.empty() && choice.cpu_model != here) {
+    spdlog::warn(
+        "train.precision/channels_last auto: the chief chose {} on {}; this host's CPU is {}, "
+        "where that choice was not measured (set train.precision and train.channels_last "
+        "explicitly for hosts of different kinds)",
+        choice.format.label(), choice.cpu_model, here.empty() ? "unknown" : here);
+  }
+  choice.source = "chief";
+  settings.precision = choice.format.precision;
+  settings.channels_last = choice.format.channels_last;
+  spdlog::info("train.precision/channels_last auto: {}", choice.summary());
+  settings.format_choice = std::move(choice);
 }
 
 void place_model(model::Net& net, const ModelSettings& settings) {

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "trainer/cluster/local_rank.h"
 #include "trainer/config/job_spec.h"
 #include "trainer/data/image.h"
+#include "trainer/loop/kernel_choice.h"
 #include "trainer/model/net.h"
 
 namespace trainer::train {
@@ -80,9 +82,11 @@ int apply_threads(const ThreadBudget& budget);
 // force (evaluate, predict).
 int configure_threads(int threads);
 
-// train.precision resolved for this device and CPU: "fp32", "bf16" or "fp16". auto = bf16 where
-// it is computed natively (a CPU with AVX512_BF16 or AMX-BF16, a CUDA GPU of compute capability
-// 8+), fp16 on GPUs of compute capability 7.x (V100, T4: tensor cores for fp16 only), else fp32.
+// train.precision resolved for this device and CPU by the rule of thumb: "fp32", "bf16" or
+// "fp16". auto = bf16 where it is computed natively (a CPU with AVX512_BF16 or AMX-BF16, a CUDA GPU
+// of compute capability 8+), fp16 on GPUs of compute capability 7.x (V100, T4: tensor cores for
+// fp16 only), else fp32. The rule decides on GPUs; on a CPU, model_settings measures instead
+// (loop/kernel_choice.h), since the flags do not tell whether bf16 is faster there.
 // Throws ConfigError for bf16 on a GPU older than sm80 and for fp16 on a CPU (neither computes
 // it: the message says why and what to use).
 std::string effective_precision(const std::string& precision, const torch::Device& device);
@@ -121,6 +125,9 @@ struct ModelSettings {
   bool channels_last = false;
   std::string precision = "fp32";  // effective: fp32 | bf16 | fp16 (autocast dtype)
   bool deterministic = true;       // effective train.deterministic
+  // How train.precision / train.channels_last auto were decided on the CPU (timings, cache);
+  // absent when neither is auto or on a GPU.
+  std::optional<FormatChoice> format_choice;
   data::Normalize normalize = data::Normalize::kImagenet;
   // The normalisation constants on `device`, made once (model_settings, or the first
   // prepare_input on a settings object that lacks them).
@@ -135,9 +142,17 @@ struct ModelSettings {
 
 // The device, effective precision and layout of spec.train, the normalisation of spec.data.
 // When bf16 is requested explicitly on a CPU that only emulates it, logs a warning with the
-// measured cost (warn_emulated_bf16). `device` is resolve_device's choice.
+// measured cost (warn_emulated_bf16). `device` is resolve_device's choice. On a GPU, auto
+// precision follows effective_precision and auto channels_last is true under fp16/bf16 autocast.
+// On a CPU, auto precision or layout is choose_cpu_format's timing at torch's current intra-op
+// threads (set them first) and logged; with `measure` false (a worker, which takes the chief's
+// choice with adopt_format_choice) the first candidate stands in until then.
 ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& device,
-                             bool warn_emulated_bf16 = true);
+                             bool warn_emulated_bf16 = true, bool measure = true);
+
+// A worker's settings with the chief's choice (FormatChoice::to_json), source "chief"; warns
+// when the chief's CPU is another model than this one's (its timings need not hold here).
+void adopt_format_choice(ModelSettings& settings, const nlohmann::json& chief);
 
 // Moves the model to the device (and channels_last memory format when asked).
 void place_model(model::Net& net, const ModelSettings& settings);

@@ -62,7 +62,7 @@ JobSpec every_field_changed() {
   s.train.label_smoothing = 0.1;
   s.train.precision = "bf16";
   s.train.deterministic = "true";
-  s.train.channels_last = true;
+  s.train.channels_last = "true";
   s.train.threads = 3;
   s.train.micro_batch_size = 8;
   s.train.device = "cpu";
