@@ -238,6 +238,11 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
   }
 };
 
+// running = (1 - momentum) * running + momentum * batch (in running's dtype), as BatchNorm2d.
+void blend_running(torch::Tensor& running, const torch::Tensor& batch, double momentum) {
+  running.mul_(1 - momentum).add_(batch.to(running.scalar_type()), momentum);
+}
+
 }  // namespace
 
 BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
@@ -265,9 +270,8 @@ torch::Tensor BatchNormImpl::fused_forward(const torch::Tensor& input, bool relu
   // Running statistics as torch.batch_norm keeps them: unbiased variance, momentum.
   torch::NoGradGuard no_grad;
   const double count = static_cast<double>(input.size(0) * input.size(2) * input.size(3));
-  running_mean.mul_(1 - momentum_).add_(mean.to(running_mean.scalar_type()), momentum_);
-  running_var.mul_(1 - momentum_)
-      .add_((var * (count / (count - 1))).to(running_var.scalar_type()), momentum_);
+  blend_running(running_mean, mean, momentum_);
+  blend_running(running_var, var * (count / (count - 1)), momentum_);
   return y;
 }
 
@@ -285,11 +289,10 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& input) {
       SyncBatchNormFunction::apply(input, weight, bias, reducer_.get(), eps_, &mean, &var, &count);
   // Running statistics as BatchNorm2d keeps them: unbiased variance, momentum, batches seen.
   torch::NoGradGuard no_grad;
-  const double m = momentum_;
   const torch::Tensor unbiased =
       torch::where(count > 1, count / (count - 1), torch::ones_like(count));
-  running_mean.mul_(1 - m).add_(mean.to(running_mean.scalar_type()), m);
-  running_var.mul_(1 - m).add_((var * unbiased).to(running_var.scalar_type()), m);
+  blend_running(running_mean, mean, momentum_);
+  blend_running(running_var, var * unbiased, momentum_);
   num_batches_tracked.add_(1);
   return y;
 }
