@@ -142,36 +142,37 @@ void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum, do
   *sumsq += tq;
 }
 
-// y = x * scale + shift, then ReLU when `relu`.
-void scale_shift(const float* __restrict x, float* __restrict y, int64_t n, float scale,
-                 float shift, bool relu) {
-  const Vec4 sv = splat4(scale), hv = splat4(shift);
+// y = (x - mean) * scale + bias, then ReLU when `relu` (SyncBN's order of operations, in float).
+void normalize(const float* __restrict x, float* __restrict y, int64_t n, float mean, float scale,
+               float bias, bool relu) {
+  const Vec4 mv = splat4(mean), sv = splat4(scale), bv = splat4(bias);
   int64_t i = 0;
   if (relu) {
     for (; i + 4 <= n; i += 4) {
-      const Vec4 v = relu4(load4(x + i) * sv + hv);
+      const Vec4 v = relu4((load4(x + i) - mv) * sv + bv);
       std::memcpy(y + i, &v, sizeof v);
     }
   } else {
     for (; i + 4 <= n; i += 4) {
-      const Vec4 v = load4(x + i) * sv + hv;
+      const Vec4 v = (load4(x + i) - mv) * sv + bv;
       std::memcpy(y + i, &v, sizeof v);
     }
   }
   for (; i < n; ++i) {
-    const float v = x[i] * scale + shift;
+    const float v = (x[i] - mean) * scale + bias;
     y[i] = relu && v <= 0.0f ? 0.0f : v;
   }
 }
 
 // BatchNorm2d in training mode, optionally followed by ReLU, for a contiguous NCHW float32 CPU
-// input: the
-// statistics in one pass (the sums of (x - k) and (x - k)^2 for k a value of the channel, float
-// within a plane, double across planes), the output y = max(0, x * scale + shift) in a second
-// (ATen: two passes for the statistics, one to normalise, one for ReLU). Backward is ReLU's and
-// ATen's. The same arithmetic as torch.batch_norm + relu_ up to the rounding of the statistics.
-// Channels are split among the threads and each is summed by one, in a fixed order: the result
-// does not depend on the number of threads.
+// input: the statistics in one pass (the sums of (x - k) and (x - k)^2 for k a value of the
+// channel, float lanes within a plane, double across planes), y = (x - mean) * (invstd * weight)
+// + bias, ReLU'd, in a second (ATen: two passes for the statistics, one to normalise, one for
+// ReLU). The output's formula is SyncBatchNormFunction's, rounding step by rounding step: on one
+// replica the two differ only by the statistics' last bits (a formula x * scale + shift instead
+// flipped enough ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is
+// ReLU's and ATen's. Channels are split among the threads and each is summed by one, in a fixed
+// order: the result does not depend on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, double eps,
@@ -197,15 +198,15 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
         const double shifted_mean = sum / count;
         const double m = k + shifted_mean;
         const double v = std::max(0.0, sumsq / count - shifted_mean * shifted_mean);
-        const double is = 1.0 / std::sqrt(v + eps);
-        mp[ch] = static_cast<float>(m);
-        ip[ch] = static_cast<float>(is);
+        const float mean_f = static_cast<float>(m);
+        const float invstd_f = static_cast<float>(1.0 / std::sqrt(v + eps));
+        mp[ch] = mean_f;
+        ip[ch] = invstd_f;
         vp[ch] = v;
-        const float scale = static_cast<float>(is * wp[ch]);
-        const float shift = static_cast<float>(bp[ch] - m * is * wp[ch]);
+        const float scale = invstd_f * wp[ch];
         for (int64_t b = 0; b < n; ++b) {
           const int64_t off = (b * c + ch) * hw;
-          scale_shift(xp + off, yp + off, hw, scale, shift, relu);
+          normalize(xp + off, yp + off, hw, mean_f, scale, bp[ch], relu);
         }
       }
     });

@@ -113,7 +113,7 @@ TEST_CASE("choose_cpu_format times the candidates, takes the fastest and caches 
   CHECK(choose_cpu_format(r, cache).source == "only");
 }
 
-TEST_CASE("a worker takes the chief's choice; the JSON round-trips; garbage is a DataError",
+TEST_CASE("a worker takes the chief's choice, the JSON round-trips, garbage is a DataError",
           "[kernel_choice]") {
   FormatChoice chief;
   chief.format = Format{"bf16", true};
