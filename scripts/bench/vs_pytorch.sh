@@ -362,9 +362,16 @@ else
 fi
 
 if [[ $conv_peak == 1 && -n ${bin[peer_debian]:-} ]]; then
+  # bf16 only where the CPU computes it: an x86 CPU without AVX512_BF16 or AMX-BF16 emulates it
+  # at a twentieth of fp32, and timing it took over ten minutes on a 2-core AVX2 EPYC.
+  conv_precisions=fp32,bf16
+  if grep -qw avx2 /proc/cpuinfo 2>/dev/null && ! grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+    conv_precisions=fp32
+    note "convolution peak: bf16 not timed (emulated on this CPU)"
+  fi
   note "convolution peak ($threads threads)"
   "$py" scripts/bench/conv_peak.py --threads "$threads" --batch "$conv_batch" --iters "$conv_iters" \
-    >"$work/res/conv_peak.json" 2>"$work/logs/conv_peak.log" ||
+    --precisions "$conv_precisions" >"$work/res/conv_peak.json" 2>"$work/logs/conv_peak.log" ||
     { rm -f "$work/res/conv_peak.json"; fail_note "conv_peak.py" "$work/logs/conv_peak.log"; }
 elif [[ $conv_peak == 1 ]]; then
   note "no convolution peak: it is measured with the PyTorch 1.13 peer's Python (skipped above)"
