@@ -1,8 +1,8 @@
 #include "trainer/loop/ema.h"
 
 #include <algorithm>
-#include <mutex>
 
+#include "trainer/loop/global_rng.h"
 #include "trainer/util/error.h"
 
 namespace trainer::train {
@@ -17,18 +17,8 @@ std::vector<torch::Tensor> state_tensors(const model::Net& net) {
 
 model::Net fresh_like(const config::ModelSpec& spec, int64_t num_classes) {
   // make_net initialises from the global CPU generator; leave its state as it was.
-  auto gen = at::detail::getDefaultCPUGenerator();
-  torch::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    saved = gen.get_state();
-  }
-  model::Net net = model::make_net({spec.arch, num_classes, spec.head_hidden});
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(saved);
-  }
-  return net;
+  const KeepGlobalRng keep;
+  return model::make_net({spec.arch, num_classes, spec.head_hidden});
 }
 
 }  // namespace

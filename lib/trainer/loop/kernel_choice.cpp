@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 
+#include "trainer/loop/global_rng.h"
 #include "trainer/model/net.h"
 #include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
@@ -41,26 +41,6 @@ bool side_branch(const std::string& name) {
 int64_t out_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
   return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
 }
-
-// The default CPU generator's state, restored on scope exit: building a model to read its shapes
-// and the probe's random inputs leave the job's random numbers as they were.
-class KeepGlobalRng {
- public:
-  KeepGlobalRng() : gen_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    state_ = gen_.get_state();
-  }
-  ~KeepGlobalRng() {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    gen_.set_state(state_);
-  }
-  KeepGlobalRng(const KeepGlobalRng&) = delete;
-  KeepGlobalRng& operator=(const KeepGlobalRng&) = delete;
-
- private:
-  at::Generator gen_;
-  at::Tensor state_;
-};
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
