@@ -3,6 +3,7 @@
 #include "trainer/util/kernel_switch.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -142,41 +143,53 @@ void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum, do
   *sumsq += tq;
 }
 
-// y = (x - mean) * scale + bias, then ReLU when `relu` (SyncBN's order of operations, in float).
-void normalize(const float* __restrict x, float* __restrict y, int64_t n, float mean, float scale,
-               float bias, bool relu) {
+// y = (x - mean) * scale + bias (+ r where r is not null), then ReLU when `relu`: SyncBN's
+// order of operations in float, then the residual block's `out += identity` and relu_().
+template <bool kResidual, bool kRelu>
+void normalize_plane(const float* __restrict x, const float* __restrict r, float* __restrict y,
+                     int64_t n, float mean, float scale, float bias) {
   const Vec4 mv = splat4(mean), sv = splat4(scale), bv = splat4(bias);
   int64_t i = 0;
-  if (relu) {
-    for (; i + 4 <= n; i += 4) {
-      const Vec4 v = relu4((load4(x + i) - mv) * sv + bv);
-      std::memcpy(y + i, &v, sizeof v);
-    }
-  } else {
-    for (; i + 4 <= n; i += 4) {
-      const Vec4 v = (load4(x + i) - mv) * sv + bv;
-      std::memcpy(y + i, &v, sizeof v);
-    }
+  for (; i + 4 <= n; i += 4) {
+    Vec4 v = (load4(x + i) - mv) * sv + bv;
+    if constexpr (kResidual) v = v + load4(r + i);
+    if constexpr (kRelu) v = relu4(v);
+    std::memcpy(y + i, &v, sizeof v);
   }
   for (; i < n; ++i) {
-    const float v = (x[i] - mean) * scale + bias;
-    y[i] = relu && v <= 0.0f ? 0.0f : v;
+    float v = (x[i] - mean) * scale + bias;
+    if constexpr (kResidual) v = v + r[i];
+    y[i] = kRelu && v <= 0.0f ? 0.0f : v;
   }
 }
 
-// BatchNorm2d in training mode, optionally followed by ReLU, for a contiguous NCHW float32 CPU
-// input: the statistics in one pass (the sums of (x - k) and (x - k)^2 for k a value of the
-// channel, float lanes within a plane, double across planes), y = (x - mean) * (invstd * weight)
-// + bias, ReLU'd, in a second (ATen: two passes for the statistics, one to normalise, one for
-// ReLU). The output's formula is SyncBatchNormFunction's, rounding step by rounding step: on one
-// replica the two differ only by the statistics' last bits (a formula x * scale + shift instead
-// flipped enough ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is
-// ReLU's and ATen's. Channels are split among the threads and each is summed by one, in a fixed
-// order: the result does not depend on the number of threads.
+void normalize(const float* x, const float* r, float* y, int64_t n, float mean, float scale,
+               float bias, bool relu) {
+  if (r != nullptr) {
+    relu ? normalize_plane<true, true>(x, r, y, n, mean, scale, bias)
+         : normalize_plane<true, false>(x, r, y, n, mean, scale, bias);
+  } else {
+    relu ? normalize_plane<false, true>(x, r, y, n, mean, scale, bias)
+         : normalize_plane<false, false>(x, r, y, n, mean, scale, bias);
+  }
+}
+
+// BatchNorm2d in training mode, optionally followed by a residual's addition and ReLU, for a
+// contiguous NCHW float32 CPU input: the statistics in one pass (the sums of (x - k) and (x - k)^2
+// for k a value of the channel, float lanes within a plane, double across planes), y = (x - mean) *
+// (invstd * weight)
+// + bias (+ residual), ReLU'd, in a second (ATen: two passes for the statistics, one to
+// normalise, one to add the residual, one for ReLU). The output's formula is
+// SyncBatchNormFunction's, rounding step by rounding step: on one replica the two differ only by
+// the statistics' last bits (a formula x * scale + shift instead flipped enough ReLU masks to move
+// the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is ReLU's and ATen's. Channels are
+// split among the threads and each is summed by one, in a fixed order: the result does not depend
+// on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps,
-                               bool relu, torch::Tensor* mean_out, torch::Tensor* var_out) {
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               const torch::Tensor& residual, double eps, bool relu,
+                               torch::Tensor* mean_out, torch::Tensor* var_out) {
     const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
     const double count = static_cast<double>(n * hw);
     torch::Tensor y = torch::empty_like(x);
@@ -184,6 +197,9 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     torch::Tensor invstd = torch::empty({c}, x.options());
     torch::Tensor var = torch::empty({c}, x.options().dtype(torch::kDouble));
     const float* xp = x.data_ptr<float>();
+    // An empty residual stands for none (autograd's apply takes no undefined tensor).
+    const bool has_residual = residual.numel() > 0;
+    const float* rp = has_residual ? residual.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
     const float* wp = weight.data_ptr<float>();
     const float* bp = bias.data_ptr<float>();
@@ -206,7 +222,8 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
         const float scale = invstd_f * wp[ch];
         for (int64_t b = 0; b < n; ++b) {
           const int64_t off = (b * c + ch) * hw;
-          normalize(xp + off, yp + off, hw, mean_f, scale, bp[ch], relu);
+          normalize(xp + off, rp != nullptr ? rp + off : nullptr, yp + off, hw, mean_f, scale,
+                    bp[ch], relu);
         }
       }
     });
@@ -215,6 +232,7 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     ctx->save_for_backward({x, relu ? y : torch::Tensor(), weight, mean, invstd});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["relu"] = relu;
+    ctx->saved_data["residual"] = has_residual;
     *mean_out = mean;
     *var_out = var;
     return y;
@@ -235,7 +253,16 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     auto [dx, dw, db] = at::native_batch_norm_backward(
         g, x, weight, torch::Tensor(), torch::Tensor(), mean, invstd, /*train=*/true, eps,
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
-    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // The residual's gradient is the sum's: ReLU's, as `out += identity` passes it on.
+    const bool residual = ctx->saved_data["residual"].toBool() && ctx->needs_input_grad(3);
+    return {dx,
+            dw,
+            db,
+            residual ? g : torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -264,10 +291,18 @@ bool BatchNormImpl::fused_kernel_applies(const torch::Tensor& input) const {
          input.size(0) * input.size(2) * input.size(3) > 1;
 }
 
-torch::Tensor BatchNormImpl::fused_forward(const torch::Tensor& input, bool relu) {
+torch::Tensor BatchNormImpl::fused_forward(const torch::Tensor& input,
+                                           const torch::Tensor& residual, bool relu) {
+  // Named for profilers (PyTorch's, scripts/bench/op_profile.sh), as ATen names its operators.
+  RECORD_FUNCTION(residual.defined() ? "trainer::batch_norm_add_relu"
+                  : relu             ? "trainer::batch_norm_relu"
+                                     : "trainer::batch_norm",
+                  std::vector<c10::IValue>({input}));
   num_batches_tracked.add_(1);
   torch::Tensor mean, var;
-  torch::Tensor y = BatchNormReluFunction::apply(input, weight, bias, eps_, relu, &mean, &var);
+  torch::Tensor y = BatchNormReluFunction::apply(
+      input, weight, bias, residual.defined() ? residual : torch::empty({0}, input.options()), eps_,
+      relu, &mean, &var);
   // Running statistics as torch.batch_norm keeps them: unbiased variance, momentum.
   torch::NoGradGuard no_grad;
   const double count = static_cast<double>(input.size(0) * input.size(2) * input.size(3));
@@ -278,7 +313,7 @@ torch::Tensor BatchNormImpl::fused_forward(const torch::Tensor& input, bool relu
 
 torch::Tensor BatchNormImpl::forward(const torch::Tensor& input) {
   TORCH_CHECK(input.dim() == 4, "BatchNorm: expected a 4-D input, got ", input.sizes());
-  if (fused_kernel_applies(input)) return fused_forward(input, /*relu=*/false);
+  if (fused_kernel_applies(input)) return fused_forward(input, torch::Tensor(), /*relu=*/false);
   if (!reducer_ || !is_training()) {
     // What torch::nn::BatchNorm2dImpl::forward does (momentum set, so the count is only kept).
     if (is_training()) num_batches_tracked.add_(1);
@@ -299,8 +334,19 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor BatchNormImpl::forward_relu(const torch::Tensor& input) {
-  if (fused_kernel_applies(input)) return fused_forward(input, /*relu=*/true);
+  if (fused_kernel_applies(input)) return fused_forward(input, torch::Tensor(), /*relu=*/true);
   return forward(input).relu_();
+}
+
+torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& input,
+                                              const torch::Tensor& residual) {
+  if (fused_kernel_applies(input) && residual.is_cpu() && residual.scalar_type() == torch::kFloat &&
+      residual.is_contiguous() && residual.sizes() == input.sizes()) {
+    return fused_forward(input, residual, /*relu=*/true);
+  }
+  torch::Tensor out = forward(input);
+  out += residual;
+  return out.relu_();
 }
 
 void set_batchnorm_reducer(torch::nn::Module& module,

@@ -32,6 +32,11 @@ class BatchNormImpl : public torch::nn::Module {
   // for ReLU); backward is ATen's. Otherwise forward() is torch.batch_norm (or SyncBN) and
   // forward_relu adds relu_().
   torch::Tensor forward_relu(const torch::Tensor& input);
+  // relu(forward(input) + residual): the end of torchvision's BasicBlock and Bottleneck
+  // (`out += identity; out = relu(out)`). Where the own kernel applies (and `residual` is a
+  // contiguous float32 CPU tensor of input's shape) the addition and ReLU happen in the
+  // normalising pass, with the same roundings as the three steps; otherwise it is those steps.
+  torch::Tensor forward_add_relu(const torch::Tensor& input, const torch::Tensor& residual);
   void set_reducer(std::shared_ptr<StatsReducer> reducer) { reducer_ = std::move(reducer); }
   bool synced() const { return reducer_ != nullptr; }
   double eps() const { return eps_; }
@@ -41,7 +46,8 @@ class BatchNormImpl : public torch::nn::Module {
 
  private:
   bool fused_kernel_applies(const torch::Tensor& input) const;
-  torch::Tensor fused_forward(const torch::Tensor& input, bool relu);
+  // residual: undefined, or added before the ReLU (then relu is true).
+  torch::Tensor fused_forward(const torch::Tensor& input, const torch::Tensor& residual, bool relu);
 
   double eps_;
   double momentum_;

@@ -44,9 +44,8 @@ class BasicBlockImpl : public nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
     torch::Tensor out = bn1_->forward_relu(conv1_(x));
-    out = bn2_(conv2_(out));
-    out += identity;
-    return relu_(out);
+    // bn2, `out += identity` and relu as one pass (relu stays registered, as in torchvision).
+    return bn2_->forward_add_relu(conv2_(out), identity);
   }
 
  private:
@@ -86,9 +85,8 @@ class BottleneckImpl : public nn::Module {
     torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
     torch::Tensor out = bn1_->forward_relu(conv1_(x));
     out = bn2_->forward_relu(conv2_(out));
-    out = bn3_(conv3_(out));
-    out += identity;
-    return relu_(out);
+    // bn3, `out += identity` and relu as one pass (relu stays registered, as in torchvision).
+    return bn3_->forward_add_relu(conv3_(out), identity);
   }
 
  private:

@@ -220,3 +220,64 @@ TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model]
   CHECK(torch::equal(outs[0], outs[1]));
   CHECK(torch::equal(outs[0], outs[2]));
 }
+
+TEST_CASE("forward_add_relu gives the bits of forward, += residual, relu_", "[model][bn_relu]") {
+  torch::manual_seed(8);
+  // Odd planes (7x5) for the remainder loops; NCHW takes the own kernel, channels_last and eval
+  // mode the three ATen steps.
+  for (const bool channels_last : {false, true}) {
+    for (const bool training : {true, false}) {
+      INFO("channels_last " << channels_last << ", training " << training);
+      torch::Tensor x0 = torch::randn({3, 6, 7, 5}) * 2 + 1;
+      torch::Tensor r0 = torch::randn({3, 6, 7, 5});
+      if (channels_last) {
+        x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+        r0 = r0.contiguous(at::MemoryFormat::ChannelsLast);
+      }
+      const torch::Tensor g = torch::randn({3, 6, 7, 5});
+      BatchNorm steps(6, 1e-5, 0.1), fused(6, 1e-5, 0.1);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto* bn : {&steps, &fused}) {
+          (*bn)->weight.copy_(torch::linspace(-1.5, 2.0, 6));
+          (*bn)->bias.copy_(torch::linspace(0.4, -0.3, 6));
+        }
+      }
+      steps->train(training);
+      fused->train(training);
+      torch::Tensor xa = x0.clone().requires_grad_(true), ra = r0.clone().requires_grad_(true);
+      torch::Tensor xb = x0.clone().requires_grad_(true), rb = r0.clone().requires_grad_(true);
+      torch::Tensor ya = steps(xa);
+      ya += ra;
+      ya.relu_();
+      const torch::Tensor yb = fused->forward_add_relu(xb, rb);
+      CHECK(torch::equal(yb, ya));
+      CHECK((yb == 0).any().item<bool>());  // the mask is exercised
+      (ya * g).sum().backward();
+      (yb * g).sum().backward();
+      CHECK(torch::equal(xb.grad(), xa.grad()));
+      CHECK(torch::equal(rb.grad(), ra.grad()));
+      CHECK(torch::equal(fused->weight.grad(), steps->weight.grad()));
+      CHECK(torch::equal(fused->bias.grad(), steps->bias.grad()));
+      CHECK(torch::equal(fused->running_mean, steps->running_mean));
+      CHECK(torch::equal(fused->running_var, steps->running_var));
+      CHECK(fused->num_batches_tracked.item<int64_t>() ==
+            steps->num_batches_tracked.item<int64_t>());
+    }
+  }
+}
+
+TEST_CASE("forward_add_relu without a residual gradient, and a residual of another shape",
+          "[model][bn_relu]") {
+  torch::manual_seed(9);
+  BatchNorm bn(4, 1e-5, 0.1);
+  bn->train();
+  torch::Tensor x = torch::randn({2, 4, 3, 3}).requires_grad_(true);
+  const torch::Tensor r = torch::randn({2, 4, 3, 3});  // no gradient wanted
+  bn->forward_add_relu(x, r).sum().backward();
+  CHECK(x.grad().defined());
+  CHECK_FALSE(r.grad().defined());
+  // A broadcast residual is not the kernel's: the three steps take it.
+  const torch::Tensor y = bn->forward_add_relu(x.detach(), torch::ones({1, 4, 1, 1}));
+  CHECK(y.sizes() == x.sizes());
+}

@@ -1,6 +1,8 @@
 // ResNet family: sizes, names, initialisation, options errors and the training helpers.
 #include "common/catch.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -287,5 +289,58 @@ TEST_CASE("forward and backward under bf16 CPU autocast with channels_last", "[r
     CHECK_FALSE(trainer::compat::autocast_enabled(torch::kCPU));
     torch::NoGradGuard no_grad;
     CHECK(net->forward(x).scalar_type() == torch::kFloat);
+  }
+}
+
+namespace {
+
+// The operator names a forward records on this thread (RecordFunction, as profilers see them).
+std::map<std::string, int> recorded_ops;
+std::unique_ptr<at::ObserverContext> count_op(const at::RecordFunction& fn) {
+  ++recorded_ops[fn.name()];
+  return nullptr;
+}
+
+std::map<std::string, int> ops_of_training_forward(const char* arch, bool channels_last) {
+  torch::manual_seed(3);
+  Net net = make_net({arch, 5, 0});
+  net->train();
+  // 64 px: layer4's 2x2 planes (at 1x1 a channels_last tensor is also contiguous).
+  torch::Tensor x = torch::randn({2, 3, 64, 64});
+  if (channels_last) {
+    x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    for (auto& p : net->parameters()) {
+      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+    }
+  }
+  recorded_ops.clear();
+  const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(count_op));
+  net->forward(x);
+  at::removeCallback(handle);
+  return recorded_ops;
+}
+
+}  // namespace
+
+TEST_CASE("a ResNet's NCHW training forward runs every BatchNorm in the trainer's kernel",
+          "[resnet][bn_relu]") {
+  // resnet18: the stem's BN + ReLU, 8 blocks of bn1 + ReLU and bn2 + residual + ReLU, 3
+  // downsample BNs; resnet50: the stem, 16 blocks of two BN + ReLU and one BN + residual + ReLU,
+  // 4 downsample BNs. No ATen batch norm, ReLU or residual addition is left.
+  for (const auto& [arch, bn_relu, bn_add_relu, bn] :
+       {std::tuple<const char*, int, int, int>{"resnet18", 9, 8, 3}, {"resnet50", 33, 16, 4}}) {
+    INFO(arch);
+    auto ops = ops_of_training_forward(arch, /*channels_last=*/false);
+    CHECK(ops["trainer::batch_norm_relu"] == bn_relu);
+    CHECK(ops["trainer::batch_norm_add_relu"] == bn_add_relu);
+    CHECK(ops["trainer::batch_norm"] == bn);
+    CHECK(ops["aten::batch_norm"] == 0);
+    CHECK(ops["aten::relu_"] == 0);
+    CHECK(ops["aten::relu"] == 0);
+    // channels_last is not the kernel's: ATen's batch norm and ReLU, the same count.
+    ops = ops_of_training_forward(arch, /*channels_last=*/true);
+    CHECK(ops["trainer::batch_norm_relu"] + ops["trainer::batch_norm_add_relu"] == 0);
+    CHECK(ops["aten::batch_norm"] == bn_relu + bn_add_relu + bn);
+    CHECK(ops["aten::relu_"] == bn_relu + bn_add_relu);
   }
 }
