@@ -32,6 +32,7 @@
 #include "trainer/loop/optimizer.h"
 #include "trainer/model/net.h"
 #include "trainer/util/kernel_switch.h"
+#include "trainer/util/memory.h"
 
 namespace {
 
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
     else
       usage("unknown flag " + a);
   }
+  const trainer::util::AllocatorInfo allocator = trainer::util::configure_allocator();
   torch::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(0);
   trainer::model::NetOptions options;
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
   out["optimizer"] = optimizer;
   out["aten_kernels_only"] = trainer::util::aten_kernels_only();
   out["torch"] = TORCH_VERSION;
+  out["allocator"] = allocator.name + " (" + allocator.settings + ")";
   out["step_s"] = step_s;
   out["phases"] = phases;
   for (const auto& [name, t] : g_ops) out["ops"][name] = {{"self_s", t.self_s}, {"calls", t.calls}};

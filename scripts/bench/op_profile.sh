@@ -56,12 +56,13 @@ def median_ms(side, key=None):
     return 1e3 * statistics.median(values)
 print(f"{first['arch']} at {first['image']} px, batch {first['batch']}, {first['threads']} thread(s), "
       f"{'channels_last' if first['channels_last'] else 'NCHW'} fp32, {first['optimizer']}, LibTorch "
-      f"{first['torch']}; {rounds} round(s) of {first['steps']} measured steps a side, alternating\n")
+      f"{first['torch']}, {first['allocator']}; {rounds} round(s) of {first['steps']} measured steps a side, alternating\n")
 print("| | ATen kernels ms | own kernels ms | own / ATen |")
 print("|---|---:|---:|---:|")
 a, o = median_ms("aten"), median_ms("own")
 print(f"| **median step** | {a:.0f} | {o:.0f} | {o / a:.2f} |")
-for phase in first["phases"]:
+order = ["reset gradients", "forward + loss", "backward", "optimizer step"]
+for phase in sorted(first["phases"], key=lambda p: order.index(p) if p in order else len(order)):
     a, o = median_ms("aten", phase), median_ms("own", phase)
     print(f"| {phase} (median) | {a:.1f} | {o:.1f} | {o / a:.2f} |" if a > 0 else f"| {phase} (median) | {a:.1f} | {o:.1f} | |")
 def is_conv(name):
