@@ -1,5 +1,6 @@
 #include "trainer/model/batch_norm.h"
 
+#include "trainer/model/vec4.h"
 #include "trainer/util/kernel_switch.h"
 
 #include <ATen/Parallel.h>
@@ -95,27 +96,14 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
   }
 };
 
-// The forward kernel's inner loops in GCC/Clang vector extensions (4 floats: SSE on any x86-64,
-// NEON on ARM), two vectors of accumulators: plain loops are not vectorised well here (a float
-// compare-and-select is not if-converted under the default -ftrapping-math, and the compilers
-// interleave lane arrays with shuffles). Every lane's arithmetic and the order of the lanes' sums
-// are fixed, so the result does not depend on the threads or the vector unit.
-typedef float Vec4 __attribute__((vector_size(16)));
-typedef int32_t Mask4 __attribute__((vector_size(16)));
-
-inline Vec4 load4(const float* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline Vec4 splat4(float v) { return Vec4{v, v, v, v}; }
-
-// max(v, 0) lane by lane, +0.0 for v <= 0 (ReLU; a NaN stays NaN, as torch.relu keeps it).
-inline Vec4 relu4(Vec4 v) {
-  const Mask4 keep = !(v <= splat4(0.0f));
-  return reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(v) & keep);
-}
+// The forward kernel's inner loops in vector extensions (model/vec4.h), two vectors of
+// accumulators. Every lane's arithmetic and the order of the lanes' sums are fixed, so the result
+// does not depend on the threads or the vector unit.
+using vec::load4;
+using vec::relu4;
+using vec::splat4;
+using vec::store4;
+using vec::Vec4;
 
 // Adds the sums of (x - k) and (x - k)^2 over x[0..n) to *sum and *sumsq: float lanes within the
 // plane (shifted by k, a value of the channel, so that the squares do not cancel), the plane's
@@ -154,7 +142,7 @@ void normalize_plane(const float* __restrict x, const float* __restrict r, float
     Vec4 v = (load4(x + i) - mv) * sv + bv;
     if constexpr (kResidual) v = v + load4(r + i);
     if constexpr (kRelu) v = relu4(v);
-    std::memcpy(y + i, &v, sizeof v);
+    store4(y + i, v);
   }
   for (; i < n; ++i) {
     float v = (x[i] - mean) * scale + bias;

@@ -1,3 +1,4 @@
+#include "trainer/model/max_pool.h"
 #include "trainer/model/named_part.h"
 #include "trainer/model/net.h"
 
@@ -176,8 +177,10 @@ NetParts build_resnet(const NetOptions& options) {
                          [stem_bn](torch::Tensor x) mutable { return stem_bn->forward_relu(x); }});
   parts.trunk.push_back(
       {"relu", nn::ReLU(nn::ReLUOptions(true)).ptr(), [](torch::Tensor x) { return x; }});
-  parts.trunk.push_back(
-      named_part("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))));
+  // torchvision's MaxPool2d(3, 2, 1), registered as there; its forward is the own kernel.
+  parts.trunk.push_back({"maxpool",
+                         nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)).ptr(),
+                         [](torch::Tensor x) { return max_pool_3x3_s2(x); }});
   const int64_t planes[4] = {64, 128, 256, 512};
   for (int i = 0; i < 4; ++i) {
     const int64_t stride = i == 0 ? 1 : 2;
