@@ -163,16 +163,15 @@ void normalize(const float* x, const float* r, float* y, int64_t n, float mean, 
 }
 
 // BatchNorm2d in training mode, optionally followed by a residual's addition and ReLU, for a
-// contiguous NCHW float32 CPU input: the statistics in one pass (the sums of (x - k) and (x - k)^2
-// for k a value of the channel, float lanes within a plane, double across planes), y = (x - mean) *
-// (invstd * weight)
-// + bias (+ residual), ReLU'd, in a second (ATen: two passes for the statistics, one to
-// normalise, one to add the residual, one for ReLU). The output's formula is
-// SyncBatchNormFunction's, rounding step by rounding step: on one replica the two differ only by
-// the statistics' last bits (a formula x * scale + shift instead flipped enough ReLU masks to move
-// the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is ReLU's and ATen's. Channels are
-// split among the threads and each is summed by one, in a fixed order: the result does not depend
-// on the number of threads.
+// contiguous NCHW float32 CPU input: the statistics in one pass (the sums of (x - k) and
+// (x - k)^2 for k a value of the channel, float lanes within a plane, double across planes), and
+// y = (x - mean) * (invstd * weight) + bias (+ residual), ReLU'd, in a second (ATen: two passes
+// for the statistics, one to normalise, one to add the residual, one for ReLU). The output's
+// formula is SyncBatchNormFunction's, rounding step by rounding step: on one replica the two
+// differ only by the statistics' last bits (a formula x * scale + shift instead flipped enough
+// ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is ReLU's and
+// ATen's. Channels are split among the threads and each is summed by one, in a fixed order: the
+// result does not depend on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
