@@ -93,7 +93,7 @@ int64_t positive(const std::string& flag, const char* value) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string arch = "resnet50", optimizer = "adam";
   int64_t image = 224, batch = 16, threads = 2, steps = 4, warmup = 2;
   bool channels_last = false;
@@ -188,4 +188,13 @@ int main(int argc, char** argv) {
   out["ops"]["(outside ops)"] = {{"self_s", total_s - g_top_level_s}, {"calls", 0}};
   std::cout << out.dump() << "\n";
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // an unknown arch or optimizer, a LibTorch error
+    std::cerr << "op_profile_bench: " << e.what() << "\n";
+    return 1;
+  }
 }
