@@ -30,6 +30,7 @@
 
 #include "trainer/config/job_spec.h"
 #include "trainer/loop/optimizer.h"
+#include "trainer/loop/runtime.h"
 #include "trainer/model/net.h"
 #include "trainer/util/kernel_switch.h"
 #include "trainer/util/memory.h"
@@ -130,10 +131,10 @@ int run(int argc, char** argv) {
   options.num_classes = 5;
   trainer::model::Net net = trainer::model::make_net(options);
   net->train();
+  trainer::train::ModelSettings settings;  // the CPU, fp32
+  settings.channels_last = channels_last;
+  trainer::train::place_model(net, settings);  // the trainer's layout change
   const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  for (auto& p : net->parameters()) {
-    if (channels_last && p.dim() == 4) p.set_data(p.data().contiguous(format));
-  }
   trainer::config::OptimizerSpec spec;
   spec.name = optimizer;
   auto opt = trainer::train::make_optimizer(spec, net->parameters());

@@ -102,10 +102,29 @@ bool own_kernel_applies(const torch::Tensor& x) {
          x.size(2) * x.size(3) < std::numeric_limits<int32_t>::max();
 }
 
+// The own kernel, for a tensor own_kernel_applies to.
+std::tuple<torch::Tensor, torch::Tensor> own_pool(const torch::Tensor& x) {
+  RECORD_FUNCTION("trainer::max_pool2d", std::vector<c10::IValue>({x}));
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = pooled_size(h), ow = pooled_size(w);
+  torch::Tensor out = torch::empty({x.size(0), x.size(1), oh, ow}, x.options());
+  torch::Tensor index =
+      torch::empty({x.size(0), x.size(1), oh, ow}, x.options().dtype(torch::kLong));
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  int64_t* ip = index.data_ptr<int64_t>();
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      pool_plane(xp + p * h * w, h, w, op + p * oh * ow, ip + p * oh * ow);
+    }
+  });
+  return {out, index};
+}
+
 // Forward: the own kernel; backward: ATen's, from the same indices.
 struct MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x) {
-    auto [out, index] = max_pool_3x3_s2_with_indices(x);
+    auto [out, index] = own_pool(x);
     ctx->save_for_backward({x, index});
     return out;
   }
@@ -124,21 +143,7 @@ std::tuple<torch::Tensor, torch::Tensor> max_pool_3x3_s2_with_indices(const torc
   if (!own_kernel_applies(x)) {
     return at::max_pool2d_with_indices(x, {kKernel, kKernel}, {kStride, kStride}, {kPad, kPad});
   }
-  RECORD_FUNCTION("trainer::max_pool2d", std::vector<c10::IValue>({x}));
-  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t oh = pooled_size(h), ow = pooled_size(w);
-  torch::Tensor out = torch::empty({x.size(0), x.size(1), oh, ow}, x.options());
-  torch::Tensor index =
-      torch::empty({x.size(0), x.size(1), oh, ow}, x.options().dtype(torch::kLong));
-  const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  int64_t* ip = index.data_ptr<int64_t>();
-  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      pool_plane(xp + p * h * w, h, w, op + p * oh * ow, ip + p * oh * ow);
-    }
-  });
-  return {out, index};
+  return own_pool(x);
 }
 
 torch::Tensor max_pool_3x3_s2(const torch::Tensor& x) {
