@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <stdexcept>
@@ -18,6 +19,18 @@
 #include "trainer/dist/process_group.h"
 
 namespace trainer::dist::testing {
+
+// LibTorch 2.x keeps one flight recorder per process, and a group's first collective inserts the
+// group into a std::map of it before taking its mutex (c10d::FlightRecorder::
+// recordWithResetEnabled, FlightRecorderDetail.hpp). With one group per process, as the trainer
+// has, nothing races; with ranks run as threads here, two groups' collectives do (LibTorch 2.11:
+// a SIGSEGV in std::_Rb_tree_insert_and_rebalance under ProcessGroupGloo::enqueue, about 1 run in
+// 40 of "GradientSync averages gradients across ranks"). The recorder is off for every process
+// that includes this file, set before main() and so before any group exists; 1.13 has none.
+inline const bool kFlightRecorderOff = [] {
+  ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/1);
+  return true;
+}();
 
 // A port nothing listens on right now (bound to port 0, then released).
 inline int free_port() {
