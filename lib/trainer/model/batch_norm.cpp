@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace trainer::model {
 
@@ -131,47 +133,121 @@ void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum, do
   *sumsq += tq;
 }
 
-// y = (x - mean) * scale + bias (+ r where r is not null), then ReLU when `relu`: SyncBN's
-// order of operations in float, then the residual block's `out += identity` and relu_().
+// y = (x - mean) * scale + bias (+ r), then ReLU: SyncBN's order of operations in float, then the
+// residual block's `out += identity` and relu_(). One element (norm1) or four (norm4), the same
+// roundings, r[i] the residual's element; both layouts' loops below use them.
+template <bool kResidual, bool kRelu>
+inline Vec4 norm4(Vec4 x, Vec4 mean, Vec4 scale, Vec4 bias, const float* r, int64_t i) {
+  Vec4 v = (x - mean) * scale + bias;
+  if constexpr (kResidual) v = v + load4(r + i);
+  if constexpr (kRelu) v = relu4(v);
+  return v;
+}
+
+template <bool kResidual, bool kRelu>
+inline float norm1(float x, float mean, float scale, float bias, const float* r, int64_t i) {
+  float v = (x - mean) * scale + bias;
+  if constexpr (kResidual) v = v + r[i];
+  return kRelu && v <= 0.0f ? 0.0f : v;
+}
+
+// NCHW: one plane of n values of one channel.
 template <bool kResidual, bool kRelu>
 void normalize_plane(const float* __restrict x, const float* __restrict r, float* __restrict y,
                      int64_t n, float mean, float scale, float bias) {
   const Vec4 mv = splat4(mean), sv = splat4(scale), bv = splat4(bias);
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    Vec4 v = (load4(x + i) - mv) * sv + bv;
-    if constexpr (kResidual) v = v + load4(r + i);
-    if constexpr (kRelu) v = relu4(v);
-    store4(y + i, v);
+    store4(y + i, norm4<kResidual, kRelu>(load4(x + i), mv, sv, bv, r, i));
   }
-  for (; i < n; ++i) {
-    float v = (x[i] - mean) * scale + bias;
-    if constexpr (kResidual) v = v + r[i];
-    y[i] = kRelu && v <= 0.0f ? 0.0f : v;
+  for (; i < n; ++i) y[i] = norm1<kResidual, kRelu>(x[i], mean, scale, bias, r, i);
+}
+
+// NHWC: rows [begin, end) of c channels each; mean, scale, bias per channel.
+template <bool kResidual, bool kRelu>
+void normalize_rows(const float* __restrict x, const float* __restrict r, float* __restrict y,
+                    int64_t begin, int64_t end, int64_t c, const float* mean, const float* scale,
+                    const float* bias) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t off = row * c;
+    int64_t ch = 0;
+    for (; ch + 4 <= c; ch += 4) {
+      store4(y + off + ch,
+             norm4<kResidual, kRelu>(load4(x + off + ch), load4(mean + ch), load4(scale + ch),
+                                     load4(bias + ch), r, off + ch));
+    }
+    for (; ch < c; ++ch) {
+      y[off + ch] =
+          norm1<kResidual, kRelu>(x[off + ch], mean[ch], scale[ch], bias[ch], r, off + ch);
+    }
   }
 }
 
-void normalize(const float* x, const float* r, float* y, int64_t n, float mean, float scale,
-               float bias, bool relu) {
-  if (r != nullptr) {
-    relu ? normalize_plane<true, true>(x, r, y, n, mean, scale, bias)
-         : normalize_plane<true, false>(x, r, y, n, mean, scale, bias);
+// Calls f(residual, relu) with each flag as a std::integral_constant<bool>, so that the kernels
+// are instantiated for the four combinations.
+template <class F>
+void with_flags(bool residual, bool relu, F&& f) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (residual) {
+    relu ? f(Yes{}, Yes{}) : f(Yes{}, No{});
   } else {
-    relu ? normalize_plane<false, true>(x, r, y, n, mean, scale, bias)
-         : normalize_plane<false, false>(x, r, y, n, mean, scale, bias);
+    relu ? f(No{}, Yes{}) : f(No{}, No{});
   }
+}
+
+// NHWC statistics, first half: for rows [start, stop) of c channels, the sums of (x - k) and
+// (x - k)^2 per channel (k[ch] a value of the channel) in float, rows in order, into s[0..c) and
+// q[0..c). Lanes are channels, so the vector and the scalar loop give a channel the same bits.
+void chunk_sums_nhwc(const float* __restrict x, int64_t start, int64_t stop, int64_t c,
+                     const float* __restrict k, float* __restrict s, float* __restrict q) {
+  std::fill(s, s + c, 0.0f);
+  std::fill(q, q + c, 0.0f);
+  for (int64_t row = start; row < stop; ++row) {
+    const float* p = x + row * c;
+    int64_t ch = 0;
+    for (; ch + 4 <= c; ch += 4) {
+      const Vec4 d = load4(p + ch) - load4(k + ch);
+      store4(s + ch, load4(s + ch) + d);
+      store4(q + ch, load4(q + ch) + d * d);
+    }
+    for (; ch < c; ++ch) {
+      const float d = p[ch] - k[ch];
+      s[ch] += d;
+      q[ch] += d * d;
+    }
+  }
+}
+
+// The rows are summed in fixed chunks of kRowChunk (each chunk in float by one thread, whichever),
+// and the chunks' sums added in double in chunk order: the bits do not depend on the threads.
+constexpr int64_t kRowChunk = 128;
+
+// One channel's statistics from its shifted sums: the float mean and inverse standard deviation
+// the output uses, and the biased variance in double for the running statistics.
+struct ChannelStats {
+  float mean, invstd;
+  double var;
+};
+ChannelStats channel_stats(double sum, double sumsq, float k, double count, double eps) {
+  const double shifted_mean = sum / count;
+  const double var = std::max(0.0, sumsq / count - shifted_mean * shifted_mean);
+  return {static_cast<float>(k + shifted_mean), static_cast<float>(1.0 / std::sqrt(var + eps)),
+          var};
 }
 
 // BatchNorm2d in training mode, optionally followed by a residual's addition and ReLU, for a
-// contiguous NCHW float32 CPU input: the statistics in one pass (the sums of (x - k) and
-// (x - k)^2 for k a value of the channel, float lanes within a plane, double across planes), and
+// float32 CPU input, contiguous NCHW or channels_last: the statistics in one pass (the sums of
+// (x - k) and (x - k)^2 for k a value of the channel; NCHW: float lanes within a plane, double
+// across planes; channels_last: a float per channel over chunks of 128 rows, double across), and
 // y = (x - mean) * (invstd * weight) + bias (+ residual), ReLU'd, in a second (ATen: two passes
 // for the statistics, one to normalise, one to add the residual, one for ReLU). The output's
 // formula is SyncBatchNormFunction's, rounding step by rounding step: on one replica the two
 // differ only by the statistics' last bits (a formula x * scale + shift instead flipped enough
 // ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is ReLU's and
-// ATen's. Channels are split among the threads and each is summed by one, in a fixed order: the
-// result does not depend on the number of threads.
+// ATen's. The statistics are summed in a fixed order whatever the threads (NCHW: a channel by one
+// thread; channels_last: fixed chunks of rows, then the chunks in order), and the normalisation
+// is elementwise: the result does not depend on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
@@ -179,7 +255,7 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
                                torch::Tensor* mean_out, torch::Tensor* var_out) {
     const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
     const double count = static_cast<double>(n * hw);
-    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor y = torch::empty_like(x);  // x's layout
     torch::Tensor mean = torch::empty({c}, x.options());
     torch::Tensor invstd = torch::empty({c}, x.options());
     torch::Tensor var = torch::empty({c}, x.options().dtype(torch::kDouble));
@@ -193,27 +269,62 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     float* mp = mean.data_ptr<float>();
     float* ip = invstd.data_ptr<float>();
     double* vp = var.data_ptr<double>();
-    at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t ch = begin; ch < end; ++ch) {
-        const float k = xp[ch * hw];  // the channel's first value
-        double sum = 0, sumsq = 0;
-        for (int64_t b = 0; b < n; ++b) shifted_sums(xp + (b * c + ch) * hw, hw, k, &sum, &sumsq);
-        const double shifted_mean = sum / count;
-        const double m = k + shifted_mean;
-        const double v = std::max(0.0, sumsq / count - shifted_mean * shifted_mean);
-        const float mean_f = static_cast<float>(m);
-        const float invstd_f = static_cast<float>(1.0 / std::sqrt(v + eps));
-        mp[ch] = mean_f;
-        ip[ch] = invstd_f;
-        vp[ch] = v;
-        const float scale = invstd_f * wp[ch];
-        for (int64_t b = 0; b < n; ++b) {
-          const int64_t off = (b * c + ch) * hw;
-          normalize(xp + off, rp != nullptr ? rp + off : nullptr, yp + off, hw, mean_f, scale,
-                    bp[ch], relu);
+    if (x.is_contiguous()) {
+      at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t ch = begin; ch < end; ++ch) {
+          const float k = xp[ch * hw];  // the channel's first value
+          double sum = 0, sumsq = 0;
+          for (int64_t b = 0; b < n; ++b) shifted_sums(xp + (b * c + ch) * hw, hw, k, &sum, &sumsq);
+          const ChannelStats st = channel_stats(sum, sumsq, k, count, eps);
+          mp[ch] = st.mean;
+          ip[ch] = st.invstd;
+          vp[ch] = st.var;
+          const float scale = st.invstd * wp[ch];
+          with_flags(has_residual, relu, [&](auto res, auto rl) {
+            for (int64_t b = 0; b < n; ++b) {
+              const int64_t off = (b * c + ch) * hw;
+              normalize_plane<decltype(res)::value, decltype(rl)::value>(
+                  xp + off, has_residual ? rp + off : nullptr, yp + off, hw, st.mean, scale,
+                  bp[ch]);
+            }
+          });
         }
-      }
-    });
+      });
+    } else {  // channels_last: rows of c channels
+      const int64_t rows = n * hw;
+      const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+      // [chunk][sums of c | squares of c] in float; then per channel the chunks in order, double.
+      std::vector<float> partial(static_cast<size_t>(chunks * 2 * c));
+      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t chunk = begin; chunk < end; ++chunk) {
+          float* s = partial.data() + chunk * 2 * c;
+          chunk_sums_nhwc(xp, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c,
+                          xp /* k: the first row */, s, s + c);
+        }
+      });
+      std::vector<float> scale(static_cast<size_t>(c));
+      at::parallel_for(0, c, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t ch = begin; ch < end; ++ch) {
+          double sum = 0, sumsq = 0;
+          for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            sum += partial[chunk * 2 * c + ch];
+            sumsq += partial[chunk * 2 * c + c + ch];
+          }
+          const ChannelStats st = channel_stats(sum, sumsq, xp[ch], count, eps);
+          mp[ch] = st.mean;
+          ip[ch] = st.invstd;
+          vp[ch] = st.var;
+          scale[ch] = st.invstd * wp[ch];
+        }
+      });
+      const int64_t grain = std::max<int64_t>(1, 32768 / c);
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        with_flags(has_residual, relu, [&](auto res, auto rl) {
+          normalize_rows<decltype(res)::value, decltype(rl)::value>(xp, rp, yp, begin, end, c, mp,
+                                                                    scale.data(), bp);
+        });
+      });
+    }
     // y only for ReLU's mask (a plain BN's output may be changed in place after, as a residual
     // block adds to it).
     ctx->save_for_backward({x, relu ? y : torch::Tensor(), weight, mean, invstd});
@@ -273,9 +384,10 @@ BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
 
 bool BatchNormImpl::fused_kernel_applies(const torch::Tensor& input) const {
   return !util::aten_kernels_only() && is_training() && !reducer_ && input.dim() == 4 &&
-         input.is_cpu() && input.scalar_type() == torch::kFloat && input.is_contiguous() &&
+         input.is_cpu() && input.scalar_type() == torch::kFloat &&
+         (input.is_contiguous() || input.is_contiguous(torch::MemoryFormat::ChannelsLast)) &&
          weight.scalar_type() == torch::kFloat && bias.scalar_type() == torch::kFloat &&
-         input.size(0) * input.size(2) * input.size(3) > 1;
+         input.size(1) > 0 && input.size(0) * input.size(2) * input.size(3) > 1;
 }
 
 torch::Tensor BatchNormImpl::fused_forward(const torch::Tensor& input,
@@ -327,8 +439,11 @@ torch::Tensor BatchNormImpl::forward_relu(const torch::Tensor& input) {
 
 torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& input,
                                               const torch::Tensor& residual) {
+  // The residual in the input's layout (the kernel walks both with the same offsets).
+  const auto layout =
+      input.is_contiguous() ? torch::MemoryFormat::Contiguous : torch::MemoryFormat::ChannelsLast;
   if (fused_kernel_applies(input) && residual.is_cpu() && residual.scalar_type() == torch::kFloat &&
-      residual.is_contiguous() && residual.sizes() == input.sizes()) {
+      residual.sizes() == input.sizes() && residual.is_contiguous(layout)) {
     return fused_forward(input, residual, /*relu=*/true);
   }
   torch::Tensor out = forward(input);

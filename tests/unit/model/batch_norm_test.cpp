@@ -136,37 +136,44 @@ TEST_CASE("forward_relu equals BatchNorm2d then relu_: forward, backward, statis
           "[model][bn_relu]") {
   torch::manual_seed(5);
   // Odd plane sizes (7x5) reach the kernels' remainder loops; an offset mean and a mix of signs
-  // exercise the one-pass variance and the ReLU mask.
-  for (const bool training : {true, false}) {
-    INFO("training " << training);
-    const torch::Tensor x0 = torch::randn({3, 6, 7, 5}) * 3 + 2;
-    const torch::Tensor g = torch::randn({3, 6, 7, 5});
-    BatchNorm plain(6, 1e-5, 0.1), fused(6, 1e-5, 0.1);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto* bn : {&plain, &fused}) {
-        (*bn)->weight.copy_(torch::linspace(-1.5, 2.0, 6));
-        (*bn)->bias.copy_(torch::linspace(0.4, -0.3, 6));
-        (*bn)->running_mean.fill_(0.25);
-        (*bn)->running_var.fill_(1.5);
+  // exercise the one-pass variance and the ReLU mask. Both layouts take the own kernel in
+  // training mode.
+  for (const bool channels_last : {false, true}) {
+    for (const bool training : {true, false}) {
+      INFO("channels_last " << channels_last << ", training " << training);
+      torch::Tensor x0 = torch::randn({3, 6, 7, 5}) * 3 + 2;
+      const torch::Tensor g = torch::randn({3, 6, 7, 5});
+      if (channels_last) x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+      BatchNorm plain(6, 1e-5, 0.1), fused(6, 1e-5, 0.1);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto* bn : {&plain, &fused}) {
+          (*bn)->weight.copy_(torch::linspace(-1.5, 2.0, 6));
+          (*bn)->bias.copy_(torch::linspace(0.4, -0.3, 6));
+          (*bn)->running_mean.fill_(0.25);
+          (*bn)->running_var.fill_(1.5);
+        }
       }
+      plain->train(training);
+      fused->train(training);
+      torch::Tensor xa = x0.clone().requires_grad_(true);
+      torch::Tensor xb = x0.clone().requires_grad_(true);
+      const torch::Tensor ya = plain(xa).relu_();
+      const torch::Tensor yb = fused->forward_relu(xb);
+      CHECK((yb - ya).abs().max().item<double>() < 1e-5);
+      CHECK(((yb > 0) == (ya > 0)).all().item<bool>());
+      (ya * g).sum().backward();
+      (yb * g).sum().backward();
+      CHECK((xb.grad() - xa.grad()).abs().max().item<double>() < 1e-4);
+      CHECK(worst(fused->weight.grad(), plain->weight.grad()) < 1e-4);
+      CHECK(worst(fused->bias.grad(), plain->bias.grad()) < 1e-5);
+      CHECK(worst(fused->running_mean, plain->running_mean) < 1e-6);
+      CHECK(worst(fused->running_var, plain->running_var) < 1e-5);
+      CHECK(fused->num_batches_tracked.item<int64_t>() ==
+            plain->num_batches_tracked.item<int64_t>());
+      CHECK(yb.is_contiguous(channels_last ? at::MemoryFormat::ChannelsLast
+                                           : at::MemoryFormat::Contiguous));
     }
-    plain->train(training);
-    fused->train(training);
-    torch::Tensor xa = x0.clone().requires_grad_(true);
-    torch::Tensor xb = x0.clone().requires_grad_(true);
-    const torch::Tensor ya = plain(xa).relu_();
-    const torch::Tensor yb = fused->forward_relu(xb);
-    CHECK((yb - ya).abs().max().item<double>() < 1e-5);
-    CHECK(((yb > 0) == (ya > 0)).all().item<bool>());
-    (ya * g).sum().backward();
-    (yb * g).sum().backward();
-    CHECK((xb.grad() - xa.grad()).abs().max().item<double>() < 1e-4);
-    CHECK(worst(fused->weight.grad(), plain->weight.grad()) < 1e-4);
-    CHECK(worst(fused->bias.grad(), plain->bias.grad()) < 1e-5);
-    CHECK(worst(fused->running_mean, plain->running_mean) < 1e-6);
-    CHECK(worst(fused->running_var, plain->running_var) < 1e-5);
-    CHECK(fused->num_batches_tracked.item<int64_t>() == plain->num_batches_tracked.item<int64_t>());
   }
 }
 
@@ -202,29 +209,64 @@ TEST_CASE("forward in training mode equals torch.batch_norm: output, gradients, 
 
 TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model][bn_relu]") {
   torch::manual_seed(6);
-  const torch::Tensor x0 = torch::randn({4, 8, 9, 9});
-  const torch::Tensor g = torch::randn({4, 8, 9, 9});
-  const int threads = torch::get_num_threads();
-  std::vector<torch::Tensor> outs;
-  for (const int t : {1, 2, 3}) {
-    torch::set_num_threads(t);
-    BatchNorm bn(8, 1e-5, 0.1);
-    bn->train();
-    torch::Tensor x = x0.clone().requires_grad_(true);
-    const torch::Tensor y = bn->forward_relu(x);
-    (y * g).sum().backward();
-    outs.push_back(
-        torch::cat({y.flatten(), x.grad().flatten(), bn->weight.grad(), bn->running_var}));
+  // 4 x 9 x 9 = 324 rows: channels_last sums them in three chunks of at most 128. The backward is
+  // ATen's: per channel in NCHW (the same bits too), but in channels_last ATen splits the rows
+  // among the threads and adds their partial sums, so there only the forward (output and running
+  // statistics) is compared.
+  for (const bool channels_last : {false, true}) {
+    INFO("channels_last " << channels_last);
+    torch::Tensor x0 = torch::randn({4, 40, 9, 9});
+    const torch::Tensor g = torch::randn({4, 40, 9, 9});
+    if (channels_last) x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+    const int threads = torch::get_num_threads();
+    std::vector<torch::Tensor> outs;
+    for (const int t : {1, 2, 3}) {
+      torch::set_num_threads(t);
+      BatchNorm bn(40, 1e-5, 0.1);
+      bn->train();
+      torch::Tensor x = x0.clone().requires_grad_(true);
+      const torch::Tensor y = bn->forward_relu(x);
+      (y * g).sum().backward();
+      outs.push_back(torch::cat({y.contiguous().flatten(), bn->running_mean, bn->running_var}));
+      if (!channels_last) {
+        outs.back() = torch::cat({outs.back(), x.grad().flatten(), bn->weight.grad()});
+      }
+    }
+    torch::set_num_threads(threads);
+    CHECK(torch::equal(outs[0], outs[1]));
+    CHECK(torch::equal(outs[0], outs[2]));
   }
-  torch::set_num_threads(threads);
-  CHECK(torch::equal(outs[0], outs[1]));
-  CHECK(torch::equal(outs[0], outs[2]));
+}
+
+TEST_CASE("channels_last: a channel's bits do not depend on its place among the channels",
+          "[model][bn_relu]") {
+  // In a 40-channel input every channel goes through the kernel's vector loop (4 at a time); in
+  // the 7 channels 9..15 taken alone, 13..15 go through its scalar loop. Each channel is summed on
+  // its own, in row order, so both give the same bits; and both are close to torch.batch_norm and
+  // to the NCHW kernel (whose sums are ordered otherwise).
+  torch::manual_seed(10);
+  const torch::Tensor x = (torch::randn({3, 40, 11, 7}) * 2 - 3);  // 231 rows: two chunks
+  auto run = [](const torch::Tensor& in, bool channels_last) {
+    BatchNorm bn(in.size(1), 1e-5, 0.1);
+    bn->train();
+    return bn->forward_relu(channels_last ? in.contiguous(at::MemoryFormat::ChannelsLast)
+                                          : in.contiguous());
+  };
+  const torch::Tensor wide = run(x, true);
+  const torch::Tensor narrow = run(x.slice(1, 9, 16), true);
+  CHECK(torch::equal(wide.slice(1, 9, 16).contiguous(), narrow.contiguous()));
+  const torch::Tensor reference =
+      torch::batch_norm(x, torch::ones({40}), torch::zeros({40}), torch::zeros({40}),
+                        torch::ones({40}), true, 0.1, 1e-5, false)
+          .relu();
+  CHECK((wide - reference).abs().max().item<double>() < 1e-5);
+  CHECK((wide - run(x, false)).abs().max().item<double>() < 1e-5);
 }
 
 TEST_CASE("forward_add_relu gives the bits of forward, += residual, relu_", "[model][bn_relu]") {
   torch::manual_seed(8);
-  // Odd planes (7x5) for the remainder loops; NCHW takes the own kernel, channels_last and eval
-  // mode the three ATen steps.
+  // Odd planes (7x5) for the remainder loops; training takes the own kernel in both layouts,
+  // eval mode the three ATen steps.
   for (const bool channels_last : {false, true}) {
     for (const bool training : {true, false}) {
       INFO("channels_last " << channels_last << ", training " << training);

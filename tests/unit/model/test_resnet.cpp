@@ -322,25 +322,24 @@ std::map<std::string, int> ops_of_training_forward(const char* arch, bool channe
 
 }  // namespace
 
-TEST_CASE("a ResNet's NCHW training forward runs every BatchNorm in the trainer's kernel",
-          "[resnet][bn_relu]") {
+TEST_CASE(
+    "a ResNet's training forward runs every BatchNorm in the trainer's kernel, NCHW and "
+    "channels_last",
+    "[resnet][bn_relu]") {
   // resnet18: the stem's BN + ReLU, 8 blocks of bn1 + ReLU and bn2 + residual + ReLU, 3
   // downsample BNs; resnet50: the stem, 16 blocks of two BN + ReLU and one BN + residual + ReLU,
-  // 4 downsample BNs. No ATen batch norm, ReLU or residual addition is left.
+  // 4 downsample BNs. No ATen batch norm, ReLU or residual addition is left, in either layout.
   for (const auto& [arch, bn_relu, bn_add_relu, bn] :
        {std::tuple<const char*, int, int, int>{"resnet18", 9, 8, 3}, {"resnet50", 33, 16, 4}}) {
-    INFO(arch);
-    auto ops = ops_of_training_forward(arch, /*channels_last=*/false);
-    CHECK(ops["trainer::batch_norm_relu"] == bn_relu);
-    CHECK(ops["trainer::batch_norm_add_relu"] == bn_add_relu);
-    CHECK(ops["trainer::batch_norm"] == bn);
-    CHECK(ops["aten::batch_norm"] == 0);
-    CHECK(ops["aten::relu_"] == 0);
-    CHECK(ops["aten::relu"] == 0);
-    // channels_last is not the kernel's: ATen's batch norm and ReLU, the same count.
-    ops = ops_of_training_forward(arch, /*channels_last=*/true);
-    CHECK(ops["trainer::batch_norm_relu"] + ops["trainer::batch_norm_add_relu"] == 0);
-    CHECK(ops["aten::batch_norm"] == bn_relu + bn_add_relu + bn);
-    CHECK(ops["aten::relu_"] == bn_relu + bn_add_relu);
+    for (const bool channels_last : {false, true}) {
+      INFO(arch << ", channels_last " << channels_last);
+      auto ops = ops_of_training_forward(arch, channels_last);
+      CHECK(ops["trainer::batch_norm_relu"] == bn_relu);
+      CHECK(ops["trainer::batch_norm_add_relu"] == bn_add_relu);
+      CHECK(ops["trainer::batch_norm"] == bn);
+      CHECK(ops["aten::batch_norm"] == 0);
+      CHECK(ops["aten::relu_"] == 0);
+      CHECK(ops["aten::relu"] == 0);
+    }
   }
 }
