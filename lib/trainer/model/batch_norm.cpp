@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -294,10 +295,11 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
       const int64_t rows = n * hw;
       const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
       // [chunk][sums of c | squares of c] in float; then per channel the chunks in order, double.
-      std::vector<float> partial(static_cast<size_t>(chunks * 2 * c));
+      // Left uninitialised: chunk_sums_nhwc zeroes each chunk's sums itself.
+      const std::unique_ptr<float[]> partial(new float[static_cast<size_t>(chunks * 2 * c)]);
       at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
         for (int64_t chunk = begin; chunk < end; ++chunk) {
-          float* s = partial.data() + chunk * 2 * c;
+          float* s = partial.get() + chunk * 2 * c;
           chunk_sums_nhwc(xp, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c,
                           xp /* k: the first row */, s, s + c);
         }
