@@ -1,5 +1,6 @@
 #include "trainer/loop/optimizer.h"
 
+#include "trainer/loop/optimizer_kernels.h"
 #include "trainer/model/batch_norm.h"
 #include "trainer/util/error.h"
 #include "trainer/util/kernel_switch.h"
@@ -14,7 +15,6 @@ struct Type {
 };
 }  // namespace
 
-#if TRAINER_FUSED_OPTIMIZERS
 namespace {
 
 // The per-parameter state LibTorch's own optimizer keeps (created as it creates it), so
@@ -30,19 +30,20 @@ State& state_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
   return static_cast<State&>(*it->second);
 }
 
-// The gradient in the parameter's own strides: the fused kernels walk parameter, gradient and
-// state as one flat array each (a channels_last parameter whose gradient came back contiguous
-// would otherwise be updated with the wrong elements).
-torch::Tensor grad_like_param(const torch::Tensor& p) {
-  const torch::Tensor& g = p.grad();
-  if (g.strides() == p.strides() && g.is_non_overlapping_and_dense()) return g;
-  return torch::empty_like(p).copy_(g);
+// `t` in the parameter's own strides: the fused kernels walk parameter, gradient and state as one
+// flat array each (a channels_last parameter whose gradient came back contiguous, or whose state
+// was loaded contiguous, would otherwise be updated with the wrong elements).
+torch::Tensor like_param(const torch::Tensor& p, const torch::Tensor& t) {
+  if (t.strides() == p.strides() && t.is_non_overlapping_and_dense()) return t;
+  return torch::empty_like(p).copy_(t);
 }
+torch::Tensor grad_like_param(const torch::Tensor& p) { return like_param(p, p.grad()); }
 
-// Adam and AdamW as LibTorch's classes (options, state, save and load), with step() one call of
-// at::_fused_adam_ / at::_fused_adamw_ per parameter group: what torch.optim.Adam(fused=True)
-// runs, one pass over each parameter's four arrays instead of LibTorch's eight element-wise
-// passes.
+// Adam and AdamW as LibTorch's classes (options, state, save and load), with step() one pass over
+// each parameter's four arrays instead of LibTorch's eight element-wise passes: one call of
+// at::_fused_adam_ / at::_fused_adamw_ per parameter group where LibTorch has them (what
+// torch.optim.Adam(fused=True) runs), the trainer's own kernel per parameter before
+// (loop/optimizer_kernels.h).
 template <typename Base, typename Options, typename State, bool kDecoupled>
 class FusedAdamT : public Base {
  public:
@@ -57,6 +58,7 @@ class FusedAdamT : public Base {
     for (auto& group : this->param_groups()) {
       auto& o = static_cast<Options&>(group.options());
       std::vector<torch::Tensor> params, grads, avgs, sqs, maxes, steps;
+      std::vector<int64_t> counts;
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
         TORCH_CHECK(!p.grad().is_sparse(), "fused Adam: sparse gradients are not supported");
@@ -70,17 +72,24 @@ class FusedAdamT : public Base {
           return fresh;
         });
         st.step(st.step() + 1);
+        st.exp_avg(like_param(p, st.exp_avg()));
+        st.exp_avg_sq(like_param(p, st.exp_avg_sq()));
+        if (o.amsgrad()) st.max_exp_avg_sq(like_param(p, st.max_exp_avg_sq()));
         params.push_back(p);
         grads.push_back(grad_like_param(p));
         avgs.push_back(st.exp_avg());
         sqs.push_back(st.exp_avg_sq());
         if (o.amsgrad()) maxes.push_back(st.max_exp_avg_sq());
+        counts.push_back(st.step());
+#if TRAINER_FUSED_OPTIMIZERS
         // torch.optim keeps the step as a float32 tensor on the parameter's device.
         steps.push_back(
             torch::full({}, static_cast<double>(st.step()), p.options().dtype(torch::kFloat)));
+#endif
       }
       if (params.empty()) continue;
       const auto [beta1, beta2] = o.betas();
+#if TRAINER_FUSED_OPTIMIZERS
       if (kDecoupled) {
         at::_fused_adamw_(params, grads, avgs, sqs, maxes, steps, o.lr(), beta1, beta2,
                           o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
@@ -88,6 +97,19 @@ class FusedAdamT : public Base {
         at::_fused_adam_(params, grads, avgs, sqs, maxes, steps, o.lr(), beta1, beta2,
                          o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
       }
+#else
+      AdamHyper h;
+      h.lr = o.lr();
+      h.beta1 = beta1;
+      h.beta2 = beta2;
+      h.eps = o.eps();
+      h.weight_decay = o.weight_decay();
+      h.decoupled = kDecoupled;
+      for (size_t i = 0; i < params.size(); ++i) {
+        adam_update(params[i], grads[i], avgs[i], sqs[i], o.amsgrad() ? maxes[i] : torch::Tensor(),
+                    counts[i], h);
+      }
+#endif
     }
     return loss;
   }
@@ -98,9 +120,11 @@ using FusedAdam =
 using FusedAdamW = FusedAdamT<torch::optim::AdamW, torch::optim::AdamWOptions,
                               torch::optim::AdamWParamState, true>;
 
-// SGD (momentum, dampening, Nesterov, weight decay) as LibTorch's class, with step() one call
-// of at::_fused_sgd_ per group and first step: torch.optim.SGD(fused=True). The momentum buffer
-// starts as the first (weight-decayed) gradient, as LibTorch's and torch.optim's do.
+// SGD (momentum, dampening, Nesterov, weight decay) as LibTorch's class, with step() one pass over
+// each parameter's arrays: one call of at::_fused_sgd_ per group and first step where LibTorch
+// has it (torch.optim.SGD(fused=True)), the trainer's own kernel per parameter before. The
+// momentum buffer starts as the first (weight-decayed) gradient, as LibTorch's and torch.optim's
+// do.
 class FusedSGD : public torch::optim::SGD {
  public:
   using torch::optim::SGD::SGD;
@@ -131,6 +155,7 @@ class FusedSGD : public torch::optim::SGD {
               },
               &fresh);
           first = fresh ? 1 : 0;
+          st.momentum_buffer(like_param(p, st.momentum_buffer()));
           bufs[first].push_back(st.momentum_buffer());
         }
         params[first].push_back(p);
@@ -138,9 +163,22 @@ class FusedSGD : public torch::optim::SGD {
       }
       for (int first = 0; first < 2; ++first) {
         if (params[first].empty()) continue;
+#if TRAINER_FUSED_OPTIMIZERS
         at::_fused_sgd_(params[first], grads[first], bufs[first], o.weight_decay(), o.momentum(),
                         o.lr(), o.dampening(), o.nesterov(), /*maximize=*/false,
                         /*is_first_step=*/first == 1);
+#else
+        SgdHyper h;
+        h.lr = o.lr();
+        h.momentum = o.momentum();
+        h.dampening = o.dampening();
+        h.weight_decay = o.weight_decay();
+        h.nesterov = o.nesterov();
+        for (size_t i = 0; i < params[first].size(); ++i) {
+          sgd_update(params[first][i], grads[first][i], momentum ? bufs[first][i] : torch::Tensor(),
+                     first == 1, h);
+        }
+#endif
       }
     }
     return loss;
@@ -148,18 +186,13 @@ class FusedSGD : public torch::optim::SGD {
 };
 
 }  // namespace
-#endif
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerSpec& spec,
                                                         std::vector<torch::Tensor> parameters) {
   const double lr = spec.learning_rate;
-  // LibTorch's optimizers, stepped by the fused kernels where LibTorch has them (the same
-  // classes, options and saved state either way).
-#if TRAINER_FUSED_OPTIMIZERS
+  // LibTorch's optimizers, stepped in one pass per parameter (ATen's fused kernels where LibTorch
+  // has them, the trainer's own before; the same classes, options and saved state either way).
   const bool fused = !util::aten_kernels_only();
-#else
-  const bool fused = false;
-#endif
   auto make = [&](auto plain, auto fast,
                   auto&& options) -> std::unique_ptr<torch::optim::Optimizer> {
     using Plain = typename decltype(plain)::type;
@@ -167,25 +200,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerS
     if (fused) return std::make_unique<Fast>(std::move(parameters), options);
     return std::make_unique<Plain>(std::move(parameters), options);
   };
-#if TRAINER_FUSED_OPTIMIZERS
-  using FastAdam = FusedAdam;
-  using FastAdamW = FusedAdamW;
-  using FastSGD = FusedSGD;
-#else
-  using FastAdam = torch::optim::Adam;
-  using FastAdamW = torch::optim::AdamW;
-  using FastSGD = torch::optim::SGD;
-#endif
   if (spec.name == "adam") {
-    return make(Type<torch::optim::Adam>{}, Type<FastAdam>{},
+    return make(Type<torch::optim::Adam>{}, Type<FusedAdam>{},
                 torch::optim::AdamOptions(lr).weight_decay(spec.weight_decay));
   }
   if (spec.name == "adamw") {
-    return make(Type<torch::optim::AdamW>{}, Type<FastAdamW>{},
+    return make(Type<torch::optim::AdamW>{}, Type<FusedAdamW>{},
                 torch::optim::AdamWOptions(lr).weight_decay(spec.weight_decay));
   }
   if (spec.name == "sgd") {
-    return make(Type<torch::optim::SGD>{}, Type<FastSGD>{},
+    return make(Type<torch::optim::SGD>{}, Type<FusedSGD>{},
                 torch::optim::SGDOptions(lr)
                     .momentum(spec.momentum)
                     .nesterov(spec.nesterov)

@@ -1,10 +1,11 @@
 // Builds the configured optimizer (adam | adamw | sgd) over the trainable parameters and sets
 // its learning rate each step. The optimizers are LibTorch's classes (options, state, save and
-// load unchanged); where LibTorch has CPU kernels for at::_fused_adam_, _fused_adamw_ and
-// _fused_sgd_ (2.4 and later) their step() is one fused call per parameter group, what
-// torch.optim's fused=True runs: one pass over each parameter's arrays instead of LibTorch's
-// per-tensor sequence of element-wise kernels (TRAINER_ATEN_KERNELS=1: LibTorch's step, for
-// benchmarks). Not thread-safe (LibTorch optimizers are not).
+// load unchanged) whose step() makes one pass over each parameter's arrays instead of LibTorch's
+// per-tensor sequence of element-wise kernels: where LibTorch has CPU kernels for
+// at::_fused_adam_, _fused_adamw_ and _fused_sgd_ (2.4 and later) one fused call per parameter
+// group, what torch.optim's fused=True runs; before, the trainer's own kernels
+// (loop/optimizer_kernels.h). TRAINER_ATEN_KERNELS=1: LibTorch's step, for benchmarks. Not
+// thread-safe (LibTorch optimizers are not).
 #pragma once
 
 #include <torch/torch.h>
