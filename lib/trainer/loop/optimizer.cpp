@@ -57,8 +57,8 @@ class FusedAdamT : public Base {
     }
     for (auto& group : this->param_groups()) {
       auto& o = static_cast<Options&>(group.options());
-      std::vector<torch::Tensor> params, grads, avgs, sqs, maxes, steps;
-      std::vector<int64_t> counts;
+      std::vector<torch::Tensor> params, grads, avgs, sqs, maxes;
+      std::vector<int64_t> counts;  // each parameter's step count, this step included
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
         TORCH_CHECK(!p.grad().is_sparse(), "fused Adam: sparse gradients are not supported");
@@ -81,15 +81,16 @@ class FusedAdamT : public Base {
         sqs.push_back(st.exp_avg_sq());
         if (o.amsgrad()) maxes.push_back(st.max_exp_avg_sq());
         counts.push_back(st.step());
-#if TRAINER_FUSED_OPTIMIZERS
-        // torch.optim keeps the step as a float32 tensor on the parameter's device.
-        steps.push_back(
-            torch::full({}, static_cast<double>(st.step()), p.options().dtype(torch::kFloat)));
-#endif
       }
       if (params.empty()) continue;
       const auto [beta1, beta2] = o.betas();
 #if TRAINER_FUSED_OPTIMIZERS
+      // torch.optim keeps the step as a float32 tensor on the parameter's device.
+      std::vector<torch::Tensor> steps;
+      for (size_t i = 0; i < params.size(); ++i) {
+        steps.push_back(torch::full({}, static_cast<double>(counts[i]),
+                                    params[i].options().dtype(torch::kFloat)));
+      }
       if (kDecoupled) {
         at::_fused_adamw_(params, grads, avgs, sqs, maxes, steps, o.lr(), beta1, beta2,
                           o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
