@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -237,6 +238,132 @@ ChannelStats channel_stats(double sum, double sumsq, float k, double count, doub
           var};
 }
 
+// ReLU's backward lane by lane: 0 where the output y <= 0, else the gradient itself (bit for bit,
+// as threshold_backward(grad, y, 0); a NaN output passes the gradient).
+inline Vec4 relu_grad4(Vec4 g, Vec4 y) {
+  const vec::Mask4 keep = !(y <= splat4(0.0f));
+  return reinterpret_cast<Vec4>(reinterpret_cast<vec::Mask4>(g) & keep);
+}
+inline float relu_grad1(float g, float y) { return y <= 0.0f ? 0.0f : g; }
+
+// Backward, first pass over one NCHW plane of n values: g = dy after ReLU's mask (kRelu), stored
+// to g_out (kStore: the residual's gradient); adds the sums of g and of (x - mean) * g to *sum
+// and *dotp (float lanes within the plane, the plane's total in double, as the forward's sums).
+template <bool kRelu, bool kStore>
+void backward_sums_plane(const float* __restrict dy, const float* __restrict y,
+                         const float* __restrict x, float* __restrict g_out, int64_t n, float mean,
+                         double* sum, double* dotp) {
+  const Vec4 mv = splat4(mean);
+  Vec4 s0 = {}, s1 = {}, d0 = {}, d1 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Vec4 a = load4(dy + i), b = load4(dy + i + 4);
+    if constexpr (kRelu) {
+      a = relu_grad4(a, load4(y + i));
+      b = relu_grad4(b, load4(y + i + 4));
+    }
+    if constexpr (kStore) {
+      store4(g_out + i, a);
+      store4(g_out + i + 4, b);
+    }
+    s0 += a;
+    s1 += b;
+    d0 += (load4(x + i) - mv) * a;
+    d1 += (load4(x + i + 4) - mv) * b;
+  }
+  double ts = 0, td = 0;
+  for (int l = 0; l < 4; ++l) ts += static_cast<double>(s0[l]) + static_cast<double>(s1[l]);
+  for (int l = 0; l < 4; ++l) td += static_cast<double>(d0[l]) + static_cast<double>(d1[l]);
+  for (; i < n; ++i) {
+    const float g = kRelu ? relu_grad1(dy[i], y[i]) : dy[i];
+    if constexpr (kStore) g_out[i] = g;
+    ts += g;
+    td += (x[i] - mean) * g;
+  }
+  *sum += ts;
+  *dotp += td;
+}
+
+// Backward, second pass over one plane: dx = (g - grad_mean - (x - mean) * k) * invstd * w, ATen's
+// batch-norm backward formula and order (k = dotp * invstd^2 / count, grad_mean = sum / count), g
+// recomputed from dy and y (kRelu) or read (dy is g).
+template <bool kRelu>
+void backward_dx_plane(const float* __restrict dy, const float* __restrict y,
+                       const float* __restrict x, float* __restrict dx, int64_t n, float mean,
+                       float k, float grad_mean, float invstd, float w) {
+  const Vec4 mv = splat4(mean), kv = splat4(k), gv = splat4(grad_mean), iv = splat4(invstd),
+             wv = splat4(w);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    Vec4 g = load4(dy + i);
+    if constexpr (kRelu) g = relu_grad4(g, load4(y + i));
+    store4(dx + i, (g - gv - (load4(x + i) - mv) * kv) * iv * wv);
+  }
+  for (; i < n; ++i) {
+    const float g = kRelu ? relu_grad1(dy[i], y[i]) : dy[i];
+    dx[i] = (g - grad_mean - (x[i] - mean) * k) * invstd * w;
+  }
+}
+
+// The backward of BN (+ residual) + ReLU for contiguous NCHW float tensors in two passes per
+// channel, a channel by one thread (its planes still in the core's cache for the second pass):
+// ReLU's mask, the two sums and dx together (ATen: threshold_backward's pass over the whole
+// tensor, then batch-norm backward's two). The sums are added in a fixed order whatever the
+// threads. dy contiguous; y the output (kRelu) or undefined; g_out the residual's gradient or
+// undefined; dx undefined where the input's gradient is not wanted.
+void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch::Tensor& x,
+                   const torch::Tensor& weight, const torch::Tensor& mean,
+                   const torch::Tensor& invstd, bool relu, torch::Tensor* g_out, torch::Tensor* dx,
+                   torch::Tensor* dw, torch::Tensor* db) {
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  const double count = static_cast<double>(n * hw);
+  const float* dyp = dy.data_ptr<float>();
+  const float* yp = relu ? y.data_ptr<float>() : nullptr;
+  const float* xp = x.data_ptr<float>();
+  float* gp = g_out->defined() ? g_out->data_ptr<float>() : nullptr;
+  float* dxp = dx->defined() ? dx->data_ptr<float>() : nullptr;
+  const float* wp = weight.data_ptr<float>();
+  const float* mp = mean.data_ptr<float>();
+  const float* ip = invstd.data_ptr<float>();
+  float* dwp = dw->data_ptr<float>();
+  float* dbp = db->data_ptr<float>();
+  at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t ch = begin; ch < end; ++ch) {
+      double sum = 0, dotp = 0;
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t off = (b * c + ch) * hw;
+        const float* yo = relu ? yp + off : nullptr;
+        if (!relu) {
+          backward_sums_plane<false, false>(dyp + off, yo, xp + off, nullptr, hw, mp[ch], &sum,
+                                            &dotp);
+        } else if (gp != nullptr) {
+          backward_sums_plane<true, true>(dyp + off, yo, xp + off, gp + off, hw, mp[ch], &sum,
+                                          &dotp);
+        } else {
+          backward_sums_plane<true, false>(dyp + off, yo, xp + off, nullptr, hw, mp[ch], &sum,
+                                           &dotp);
+        }
+      }
+      const double is = ip[ch];
+      dwp[ch] = static_cast<float>(dotp * is);
+      dbp[ch] = static_cast<float>(sum);
+      if (dxp == nullptr) continue;
+      const auto k = static_cast<float>(dotp * is * is / count);
+      const auto grad_mean = static_cast<float>(sum / count);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t off = (b * c + ch) * hw;
+        if (relu && gp == nullptr) {
+          backward_dx_plane<true>(dyp + off, yp + off, xp + off, dxp + off, hw, mp[ch], k,
+                                  grad_mean, ip[ch], wp[ch]);
+        } else {  // g is dy, or was stored
+          backward_dx_plane<false>((gp != nullptr ? gp : dyp) + off, nullptr, xp + off, dxp + off,
+                                   hw, mp[ch], k, grad_mean, ip[ch], wp[ch]);
+        }
+      }
+    }
+  });
+}
+
 // BatchNorm2d in training mode, optionally followed by a residual's addition and ReLU, for a
 // float32 CPU input, contiguous NCHW or channels_last: the statistics in one pass (the sums of
 // (x - k) and (x - k)^2 for k a value of the channel; NCHW: float lanes within a plane, double
@@ -245,10 +372,11 @@ ChannelStats channel_stats(double sum, double sumsq, float k, double count, doub
 // for the statistics, one to normalise, one to add the residual, one for ReLU). The output's
 // formula is SyncBatchNormFunction's, rounding step by rounding step: on one replica the two
 // differ only by the statistics' last bits (a formula x * scale + shift instead flipped enough
-// ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward is ReLU's and
-// ATen's. The statistics are summed in a fixed order whatever the threads (NCHW: a channel by one
-// thread; channels_last: fixed chunks of rows, then the chunks in order), and the normalisation
-// is elementwise: the result does not depend on the number of threads.
+// ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward: in NCHW the own
+// kernel (backward_nchw: ReLU's mask, the sums and dx in two passes per channel); in channels_last
+// ReLU's and ATen's. The statistics are summed in a fixed order whatever the threads (NCHW: a
+// channel by one thread; channels_last: fixed chunks of rows, then the chunks in order), and the
+// normalisation is elementwise: the result does not depend on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
@@ -345,19 +473,32 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     const torch::Tensor& weight = saved[2];
     const torch::Tensor& mean = saved[3];
     const torch::Tensor& invstd = saved[4];
-    // ReLU's backward, then ATen's batch-norm backward on the statistics of the forward
-    // (measured: ATen's two-pass backward is faster here than a fused one of the same passes).
-    const torch::Tensor g =
-        ctx->saved_data["relu"].toBool() ? at::threshold_backward(grads[0], y, 0) : grads[0];
-    const auto eps = ctx->saved_data["eps"].toDouble();
-    auto [dx, dw, db] = at::native_batch_norm_backward(
-        g, x, weight, torch::Tensor(), torch::Tensor(), mean, invstd, /*train=*/true, eps,
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    const bool relu = ctx->saved_data["relu"].toBool();
     // The residual's gradient is the sum's: ReLU's, as `out += identity` passes it on.
     const bool residual = ctx->saved_data["residual"].toBool() && ctx->needs_input_grad(3);
+    torch::Tensor dx, dw, db, g;
+    if (x.is_contiguous()) {
+      RECORD_FUNCTION(relu ? "trainer::batch_norm_relu_backward" : "trainer::batch_norm_backward",
+                      std::vector<c10::IValue>({x}));
+      const torch::Tensor dy = grads[0].contiguous();
+      if (ctx->needs_input_grad(0)) dx = torch::empty_like(x);
+      dw = torch::empty_like(weight);
+      db = torch::empty_like(weight);
+      if (residual) g = relu ? torch::empty_like(x) : dy;
+      torch::Tensor g_out = relu ? g : torch::Tensor();
+      backward_nchw(dy, y, x, weight, mean, invstd, relu, &g_out, &dx, &dw, &db);
+    } else {
+      // channels_last: ReLU's backward, then ATen's batch-norm backward on the statistics of the
+      // forward.
+      g = relu ? at::threshold_backward(grads[0], y, 0) : grads[0];
+      const auto eps = ctx->saved_data["eps"].toDouble();
+      std::tie(dx, dw, db) = at::native_batch_norm_backward(
+          g, x, weight, torch::Tensor(), torch::Tensor(), mean, invstd, /*train=*/true, eps,
+          {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    }
     return {dx,
-            dw,
-            db,
+            ctx->needs_input_grad(1) ? dw : torch::Tensor(),
+            ctx->needs_input_grad(2) ? db : torch::Tensor(),
             residual ? g : torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),

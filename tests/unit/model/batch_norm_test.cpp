@@ -209,10 +209,10 @@ TEST_CASE("forward in training mode equals torch.batch_norm: output, gradients, 
 
 TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model][bn_relu]") {
   torch::manual_seed(6);
-  // 4 x 9 x 9 = 324 rows: channels_last sums them in three chunks of at most 128. The backward is
-  // ATen's: per channel in NCHW (the same bits too), but in channels_last ATen splits the rows
-  // among the threads and adds their partial sums, so there only the forward (output and running
-  // statistics) is compared.
+  // 4 x 9 x 9 = 324 rows: channels_last sums them in three chunks of at most 128. The NCHW
+  // backward is the own kernel's (a channel by one thread, the same bits too); in channels_last it
+  // is ATen's, which splits the rows among the threads and adds their partial sums, so there only
+  // the forward (output and running statistics) is compared.
   for (const bool channels_last : {false, true}) {
     INFO("channels_last " << channels_last);
     torch::Tensor x0 = torch::randn({4, 40, 9, 9});
@@ -229,7 +229,8 @@ TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model]
       (y * g).sum().backward();
       outs.push_back(torch::cat({y.contiguous().flatten(), bn->running_mean, bn->running_var}));
       if (!channels_last) {
-        outs.back() = torch::cat({outs.back(), x.grad().flatten(), bn->weight.grad()});
+        outs.back() =
+            torch::cat({outs.back(), x.grad().flatten(), bn->weight.grad(), bn->bias.grad()});
       }
     }
     torch::set_num_threads(threads);
@@ -322,4 +323,69 @@ TEST_CASE("forward_add_relu without a residual gradient, and a residual of anoth
   // A broadcast residual is not the kernel's: the three steps take it.
   const torch::Tensor y = bn->forward_add_relu(x.detach(), torch::ones({1, 4, 1, 1}));
   CHECK(y.sizes() == x.sizes());
+}
+
+TEST_CASE("the NCHW backward: ReLU's and ATen's batch-norm backward, gradients asked for or not",
+          "[model][bn_relu]") {
+  torch::manual_seed(11);
+  // 7x5 planes reach both passes' remainder loops; a mean far from 0 and both signs of the output.
+  const torch::Tensor x0 = torch::randn({3, 6, 7, 5}) * 2 + 3;
+  const torch::Tensor g = torch::randn({3, 6, 7, 5});
+  auto make = [] {
+    BatchNorm bn(6, 1e-5, 0.1);
+    torch::NoGradGuard no_grad;
+    bn->weight.copy_(torch::linspace(-1.5, 2.0, 6));
+    bn->bias.copy_(torch::linspace(0.4, -0.3, 6));
+    bn->train();
+    return bn;
+  };
+  for (const bool relu : {false, true}) {
+    INFO("relu " << relu);
+    BatchNorm bn = make();
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    const torch::Tensor y = relu ? bn->forward_relu(x) : bn->forward(x);
+    (y * g).sum().backward();
+    // ATen's two steps on the batch's own statistics (biased variance), in double.
+    const torch::Tensor xd = x0.to(torch::kDouble);
+    const torch::Tensor mean = xd.mean({0, 2, 3});
+    const torch::Tensor invstd = (xd.var({0, 2, 3}, /*unbiased=*/false) + 1e-5).rsqrt();
+    const torch::Tensor gd =
+        relu ? at::threshold_backward(g.to(torch::kDouble), y.detach().to(torch::kDouble), 0)
+             : g.to(torch::kDouble);
+    auto [dx, dw, db] =
+        at::native_batch_norm_backward(gd, xd, bn->weight.detach().to(torch::kDouble), {}, {}, mean,
+                                       invstd, true, 1e-5, {true, true, true});
+    CHECK((x.grad().to(torch::kDouble) - dx).abs().max().item<double>() < 1e-5);
+    CHECK(worst(bn->weight.grad().to(torch::kDouble), dw) < 1e-5);
+    CHECK(worst(bn->bias.grad().to(torch::kDouble), db) < 1e-5);
+
+    // No gradient for the input: the parameters' gradients keep their bits.
+    BatchNorm frozen_input = make();
+    const torch::Tensor y2 = relu ? frozen_input->forward_relu(x0) : frozen_input->forward(x0);
+    (y2 * g).sum().backward();
+    CHECK(torch::equal(frozen_input->weight.grad(), bn->weight.grad()));
+    CHECK(torch::equal(frozen_input->bias.grad(), bn->bias.grad()));
+
+    // A gradient that is not contiguous (sum's backward expands one value): made contiguous.
+    BatchNorm expanded = make();
+    torch::Tensor x3 = x0.clone().requires_grad_(true);
+    (relu ? expanded->forward_relu(x3) : expanded->forward(x3)).sum().backward();
+    BatchNorm dense = make();
+    torch::Tensor x4 = x0.clone().requires_grad_(true);
+    (relu ? dense->forward_relu(x4) : dense->forward(x4)).backward(torch::ones_like(x0));
+    CHECK(torch::equal(x3.grad(), x4.grad()));
+    CHECK(torch::equal(expanded->weight.grad(), dense->weight.grad()));
+  }
+  // With a residual, its gradient is ReLU's (and the input's gradient the same with or without
+  // one asked for the residual).
+  BatchNorm with = make(), without = make();
+  torch::Tensor xa = x0.clone().requires_grad_(true), xb = x0.clone().requires_grad_(true);
+  const torch::Tensor r = torch::randn({3, 6, 7, 5});
+  torch::Tensor ra = r.clone().requires_grad_(true);
+  const torch::Tensor ya = with->forward_add_relu(xa, ra);
+  (ya * g).sum().backward();
+  (without->forward_add_relu(xb, r) * g).sum().backward();
+  CHECK(torch::equal(ra.grad(), at::threshold_backward(g, ya.detach(), 0)));
+  CHECK(torch::equal(xa.grad(), xb.grad()));
+  CHECK(torch::equal(with->weight.grad(), without->weight.grad()));
 }
