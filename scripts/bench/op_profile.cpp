@@ -9,9 +9,11 @@
 // The input pipeline is not in it (the trainer decodes on other threads): this is the compute.
 //
 //   op_profile_bench --arch resnet50 --image 224 --batch 16 --threads 2 --steps 4 --warmup 2
-//                    [--optimizer adam] [--channels-last]
+//                    [--optimizer adam] [--channels-last] [--bf16]
 // prints one JSON object: {"step_s": [..], "phases": {name: [s per step]}, "ops": {name:
-// {"self_s": total, "calls": n}}, "steps": n, ...}. TRAINER_ATEN_KERNELS=1 profiles the same
+// {"self_s": total, "calls": n}}, "steps": n, ...}. --bf16: forward and loss under bf16 autocast,
+// as the trainer's step runs `precision: bf16` (the weights and the optimizer stay float32).
+// TRAINER_ATEN_KERNELS=1 profiles the same
 // step with ATen's kernels in place of the trainer's own (the "before" of docs/performance.md).
 #include <ATen/record_function.h>
 #include <torch/torch.h>
@@ -34,6 +36,7 @@
 #include "trainer/model/net.h"
 #include "trainer/util/kernel_switch.h"
 #include "trainer/util/memory.h"
+#include "trainer/util/torch_compat.h"
 
 namespace {
 
@@ -81,7 +84,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "op_profile_bench: " << why
             << "\nusage: op_profile_bench [--arch A] [--image N] [--batch N] [--threads N] "
-               "[--steps N] [--warmup N] [--optimizer adam|adamw|sgd] [--channels-last]\n";
+               "[--steps N] [--warmup N] [--optimizer adam|adamw|sgd] [--channels-last] "
+               "[--bf16]\n";
   std::exit(2);
 }
 
@@ -97,11 +101,11 @@ int64_t positive(const std::string& flag, const char* value) {
 int run(int argc, char** argv) {
   std::string arch = "resnet50", optimizer = "adam";
   int64_t image = 224, batch = 16, threads = 2, steps = 4, warmup = 2;
-  bool channels_last = false;
+  bool channels_last = false, bf16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--channels-last") {
-      channels_last = true;
+    if (a == "--channels-last" || a == "--bf16") {
+      (a == "--bf16" ? bf16 : channels_last) = true;
       continue;
     }
     if (i + 1 >= argc) usage(a + " wants a value");
@@ -152,8 +156,13 @@ int run(int argc, char** argv) {
     const auto t0 = Clock::now();
     for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // as the trainer
     const auto t1 = Clock::now();
-    const torch::Tensor logits = net->forward(x);
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
+    torch::Tensor loss;
+    {
+      trainer::compat::AutocastGuard autocast(bf16);
+      const torch::Tensor logits = net->forward(x);
+      // In float32 whatever autocast chose for the logits (as the trainer's loss).
+      loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
+    }
     const auto t2 = Clock::now();
     loss.backward();
     const auto t3 = Clock::now();
@@ -179,6 +188,7 @@ int run(int argc, char** argv) {
   out["threads"] = threads;
   out["steps"] = steps;
   out["channels_last"] = channels_last;
+  out["precision"] = bf16 ? "bf16" : "fp32";
   out["optimizer"] = optimizer;
   out["aten_kernels_only"] = trainer::util::aten_kernels_only();
   out["torch"] = TORCH_VERSION;

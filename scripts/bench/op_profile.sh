@@ -9,15 +9,18 @@
 # it called; backward nodes are autograd's). The input pipeline is not in it: a fixed random
 # batch, the compute only.
 #   [ARCH=resnet50] [SIZE=224] [BATCH=16] [THREADS=2] [STEPS=4] [WARMUP=2] [ROUNDS=2] [TOP=16]
-#   [LAYOUT=nchw|cl] [OPTIMIZER=adam] [TRAINER_BUILD_DIR=build] scripts/bench/op_profile.sh
+#   [LAYOUT=nchw|cl] [PRECISION=fp32|bf16] [OPTIMIZER=adam] [TRAINER_BUILD_DIR=build]
+#   scripts/bench/op_profile.sh
+# PRECISION=bf16: forward and loss under bf16 autocast, as `train.precision: bf16` runs them.
 # Exit 1 when a run failed, 2 on a usage error.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 arch=${ARCH:-resnet50}; size=${SIZE:-224}; batch=${BATCH:-16}; threads=${THREADS:-2}
 steps=${STEPS:-4}; warmup=${WARMUP:-2}; rounds=${ROUNDS:-2}; top=${TOP:-16}
-layout=${LAYOUT:-nchw}; optimizer=${OPTIMIZER:-adam}
+layout=${LAYOUT:-nchw}; optimizer=${OPTIMIZER:-adam}; precision=${PRECISION:-fp32}
 die() { echo "op_profile.sh: $*" >&2; exit 2; }
 [[ $layout == nchw || $layout == cl ]] || die "LAYOUT must be nchw or cl, got '$layout'"
+[[ $precision == fp32 || $precision == bf16 ]] || die "PRECISION must be fp32 or bf16, got '$precision'"
 for v in size batch threads steps warmup rounds top; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "${v^^} must be a positive integer, got '${!v}'"
 done
@@ -26,6 +29,7 @@ bench="${TRAINER_BUILD_DIR:-build}/tests/op_profile_bench"
 args=(--arch "$arch" --image "$size" --batch "$batch" --threads "$threads" --steps "$steps"
       --warmup "$warmup" --optimizer "$optimizer")
 [[ $layout == cl ]] && args+=(--channels-last)
+[[ $precision == bf16 ]] && args+=(--bf16)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -55,7 +59,7 @@ def median_ms(side, key=None):
     values = [v for run in runs[side] for v in (run["step_s"] if key is None else run["phases"][key])]
     return 1e3 * statistics.median(values)
 print(f"{first['arch']} at {first['image']} px, batch {first['batch']}, {first['threads']} thread(s), "
-      f"{'channels_last' if first['channels_last'] else 'NCHW'} fp32, {first['optimizer']}, LibTorch "
+      f"{'channels_last' if first['channels_last'] else 'NCHW'} {first.get('precision', 'fp32')}, {first['optimizer']}, LibTorch "
       f"{first['torch']}, {first['allocator']}; {rounds} round(s) of {first['steps']} measured steps a side, alternating\n")
 print("| | ATen kernels ms | own kernels ms | own / ATen |")
 print("|---|---:|---:|---:|")
