@@ -47,13 +47,18 @@ std::string env_or_empty(const char* name) {
   return v == nullptr ? "" : v;
 }
 
+// The CPU is named by its brand string and its vector units: a hypervisor may show the same
+// brand ("AMD EPYC") for an AVX2-only and an AVX-512 machine, whose fastest formats differ.
 std::string cache_key(const FormatRequest& r, const std::vector<Format>& candidates, int threads,
-                      const std::string& cpu_model) {
+                      const util::CpuFeatures& cpu) {
   std::string labels;
   for (const auto& c : candidates) labels += (labels.empty() ? "" : ",") + c.label();
-  return fmt::format("cpu={};torch={};threads={};arch={};head={};image={};batch={};candidates={}",
-                     cpu_model.empty() ? "unknown" : cpu_model, TORCH_VERSION, threads, r.arch,
-                     r.head_hidden, r.image_size, std::min(r.batch, kMaxProbeBatch), labels);
+  std::string isa;
+  for (const auto& f : cpu.flags()) isa += (isa.empty() ? "" : "+") + f;
+  return fmt::format(
+      "cpu={};isa={};torch={};threads={};arch={};head={};image={};batch={};candidates={}",
+      cpu.model.empty() ? "unknown" : cpu.model, isa.empty() ? "none" : isa, TORCH_VERSION, threads,
+      r.arch, r.head_hidden, r.image_size, std::min(r.batch, kMaxProbeBatch), labels);
 }
 
 std::optional<FormatChoice> read_cache(const std::string& file, const std::string& key) {
@@ -304,6 +309,14 @@ FormatChoice FormatChoice::from_json(const nlohmann::json& j) {
   return c;
 }
 
+std::string cpu_description() {
+  const util::CpuFeatures cpu = util::cpu_features();
+  std::string flags;
+  for (const auto& f : cpu.flags()) flags += (flags.empty() ? "" : ", ") + f;
+  const std::string model = cpu.model.empty() ? "unknown CPU" : cpu.model;
+  return flags.empty() ? model : model + " (" + flags + ")";
+}
+
 FormatChoice choose_cpu_format(const FormatRequest& request, const std::string& cache_file) {
   FormatChoice c;
   const std::vector<Format> candidates =
@@ -315,8 +328,9 @@ FormatChoice choose_cpu_format(const FormatRequest& request, const std::string& 
   }
   c.threads = torch::get_num_threads();
   c.batch = std::min(request.batch, kMaxProbeBatch);
-  c.cpu_model = util::cpu_features().model;
-  c.key = cache_key(request, candidates, c.threads, c.cpu_model);
+  const util::CpuFeatures cpu = util::cpu_features();
+  c.cpu_model = cpu_description();
+  c.key = cache_key(request, candidates, c.threads, cpu);
   if (auto cached = read_cache(cache_file, c.key)) return *cached;
 
   const auto start = std::chrono::steady_clock::now();

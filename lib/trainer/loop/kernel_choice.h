@@ -2,9 +2,9 @@
 // flags cannot tell a Xeon that runs bf16 at 2.3x fp32 (AMX usable) from one that runs it at
 // 0.6x (AMX hidden by the hypervisor), nor say whether channels_last pays for a given LibTorch.
 // So at start-up the job's own heaviest convolutions are timed, forward + backward, in each
-// candidate format and the fastest is used. A small cache keyed by CPU model, LibTorch version,
-// threads and shapes makes the next start immediate. Not thread-safe (runs LibTorch kernels on
-// the process's intra-op pool, whose thread count the caller has set).
+// candidate format and the fastest is used. A small cache keyed by CPU model and vector units,
+// LibTorch version, threads and shapes makes the next start immediate. Not thread-safe (runs
+// LibTorch kernels on the process's intra-op pool, whose thread count the caller has set).
 #pragma once
 
 #include <torch/torch.h>
@@ -98,6 +98,10 @@ struct FormatRequest {
 // The probe's batch: the job's, at most 16 (the formats' order does not change with the batch
 // beyond that, and a 64-image pass of the widest layers takes seconds on a small CPU).
 constexpr int64_t kMaxProbeBatch = 16;
+
+// This CPU as the choice names it: the brand string and its vector units ("AMD EPYC (avx2,
+// avx512f, avx512_bf16)"), which tell apart machines a hypervisor names alike.
+std::string cpu_description();
 
 // The cache file: $TRAINER_CACHE_DIR/kernel_choice.json, else $XDG_CACHE_HOME/trainer/..., else
 // $HOME/.cache/trainer/...; "" when none of them is set.

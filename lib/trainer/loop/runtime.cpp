@@ -405,13 +405,13 @@ ModelSettings model_settings(const config::JobSpec& spec, const torch::Device& d
 
 void adopt_format_choice(ModelSettings& settings, const nlohmann::json& chief) {
   FormatChoice choice = FormatChoice::from_json(chief);
-  const std::string here = util::cpu_features().model;
+  const std::string here = cpu_description();
   if (!choice.cpu_model.empty() && choice.cpu_model != here) {
     spdlog::warn(
         "train.precision/channels_last auto: the chief chose {} on {}; this host's CPU is {}, "
         "where that choice was not measured (set train.precision and train.channels_last "
         "explicitly for hosts of different kinds)",
-        choice.format.label(), choice.cpu_model, here.empty() ? "unknown" : here);
+        choice.format.label(), choice.cpu_model, here);
   }
   choice.source = "chief";
   settings.precision = choice.format.precision;

@@ -10,6 +10,7 @@
 #include "trainer/loop/kernel_choice.h"
 #include "trainer/loop/runtime.h"
 #include "trainer/model/net.h"
+#include "trainer/util/cpu.h"
 #include "trainer/util/error.h"
 
 using namespace trainer::train;
@@ -96,6 +97,15 @@ TEST_CASE("choose_cpu_format times the candidates, takes the fastest and caches 
   CHECK(second.format == first.format);
   CHECK(second.key == first.key);
   CHECK(second.timings.size() == 2);
+  // The key names the vector units beside the brand string (which a hypervisor may show alike
+  // for an AVX2 and an AVX-512 machine).
+  std::string isa;
+  for (const auto& f : trainer::util::cpu_features().flags()) isa += (isa.empty() ? "" : "+") + f;
+  CHECK_THAT(first.key, trainer::test::Contains(";isa=" + (isa.empty() ? "none" : isa) + ";"));
+  CHECK(first.cpu_model == cpu_description());
+  if (!trainer::util::cpu_features().model.empty()) {
+    CHECK_THAT(cpu_description(), trainer::test::Contains(trainer::util::cpu_features().model));
+  }
   // Another batch is another key.
   FormatRequest r4 = r;
   r4.batch = 4;
