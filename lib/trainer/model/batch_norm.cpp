@@ -240,10 +240,7 @@ ChannelStats channel_stats(double sum, double sumsq, float k, double count, doub
 
 // ReLU's backward lane by lane: 0 where the output y <= 0, else the gradient itself (bit for bit,
 // as threshold_backward(grad, y, 0); a NaN output passes the gradient).
-inline Vec4 relu_grad4(Vec4 g, Vec4 y) {
-  const vec::Mask4 keep = !(y <= splat4(0.0f));
-  return reinterpret_cast<Vec4>(reinterpret_cast<vec::Mask4>(g) & keep);
-}
+inline Vec4 relu_grad4(Vec4 g, Vec4 y) { return vec::select4(!(y <= splat4(0.0f)), g, Vec4{}); }
 inline float relu_grad1(float g, float y) { return y <= 0.0f ? 0.0f : g; }
 
 // Backward, first pass over one NCHW plane of n values: g = dy after ReLU's mask (kRelu), stored
@@ -330,20 +327,14 @@ void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch:
   at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
     for (int64_t ch = begin; ch < end; ++ch) {
       double sum = 0, dotp = 0;
-      for (int64_t b = 0; b < n; ++b) {
-        const int64_t off = (b * c + ch) * hw;
-        const float* yo = relu ? yp + off : nullptr;
-        if (!relu) {
-          backward_sums_plane<false, false>(dyp + off, yo, xp + off, nullptr, hw, mp[ch], &sum,
-                                            &dotp);
-        } else if (gp != nullptr) {
-          backward_sums_plane<true, true>(dyp + off, yo, xp + off, gp + off, hw, mp[ch], &sum,
-                                          &dotp);
-        } else {
-          backward_sums_plane<true, false>(dyp + off, yo, xp + off, nullptr, hw, mp[ch], &sum,
-                                           &dotp);
+      with_flags(gp != nullptr, relu, [&](auto store, auto rl) {
+        for (int64_t b = 0; b < n; ++b) {
+          const int64_t off = (b * c + ch) * hw;
+          backward_sums_plane<decltype(rl)::value, decltype(store)::value>(
+              dyp + off, relu ? yp + off : nullptr, xp + off, gp != nullptr ? gp + off : nullptr,
+              hw, mp[ch], &sum, &dotp);
         }
-      }
+      });
       const double is = ip[ch];
       dwp[ch] = static_cast<float>(dotp * is);
       dbp[ch] = static_cast<float>(sum);
