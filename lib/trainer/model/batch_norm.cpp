@@ -1,5 +1,6 @@
 #include "trainer/model/batch_norm.h"
 
+#include "trainer/model/batch_norm_cl.h"
 #include "trainer/model/vec4.h"
 #include "trainer/util/kernel_switch.h"
 
@@ -165,23 +166,14 @@ void normalize_plane(const float* __restrict x, const float* __restrict r, float
   for (; i < n; ++i) y[i] = norm1<kResidual, kRelu>(x[i], mean, scale, bias, r, i);
 }
 
-// NHWC: rows [begin, end) of c channels each; mean, scale, bias per channel.
-template <bool kResidual, bool kRelu>
-void normalize_rows(const float* __restrict x, const float* __restrict r, float* __restrict y,
-                    int64_t begin, int64_t end, int64_t c, const float* mean, const float* scale,
-                    const float* bias) {
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t off = row * c;
-    int64_t ch = 0;
-    for (; ch + 4 <= c; ch += 4) {
-      store4(y + off + ch,
-             norm4<kResidual, kRelu>(load4(x + off + ch), load4(mean + ch), load4(scale + ch),
-                                     load4(bias + ch), r, off + ch));
-    }
-    for (; ch < c; ++ch) {
-      y[off + ch] =
-          norm1<kResidual, kRelu>(x[off + ch], mean[ch], scale[ch], bias[ch], r, off + ch);
-    }
+// Calls f with a null pointer of x's element type: float or c10::BFloat16 (the channels_last
+// kernels' two).
+template <class F>
+void with_element_type(const torch::Tensor& x, F&& f) {
+  if (x.scalar_type() == torch::kBFloat16) {
+    f(static_cast<c10::BFloat16*>(nullptr));
+  } else {
+    f(static_cast<float*>(nullptr));
   }
 }
 
@@ -196,46 +188,6 @@ void with_flags(bool residual, bool relu, F&& f) {
   } else {
     relu ? f(No{}, Yes{}) : f(No{}, No{});
   }
-}
-
-// NHWC statistics, first half: for rows [start, stop) of c channels, the sums of (x - k) and
-// (x - k)^2 per channel (k[ch] a value of the channel) in float, rows in order, into s[0..c) and
-// q[0..c). Lanes are channels, so the vector and the scalar loop give a channel the same bits.
-void chunk_sums_nhwc(const float* __restrict x, int64_t start, int64_t stop, int64_t c,
-                     const float* __restrict k, float* __restrict s, float* __restrict q) {
-  std::fill(s, s + c, 0.0f);
-  std::fill(q, q + c, 0.0f);
-  for (int64_t row = start; row < stop; ++row) {
-    const float* p = x + row * c;
-    int64_t ch = 0;
-    for (; ch + 4 <= c; ch += 4) {
-      const Vec4 d = load4(p + ch) - load4(k + ch);
-      store4(s + ch, load4(s + ch) + d);
-      store4(q + ch, load4(q + ch) + d * d);
-    }
-    for (; ch < c; ++ch) {
-      const float d = p[ch] - k[ch];
-      s[ch] += d;
-      q[ch] += d * d;
-    }
-  }
-}
-
-// The rows are summed in fixed chunks of kRowChunk (each chunk in float by one thread, whichever),
-// and the chunks' sums added in double in chunk order: the bits do not depend on the threads.
-constexpr int64_t kRowChunk = 128;
-
-// One channel's statistics from its shifted sums: the float mean and inverse standard deviation
-// the output uses, and the biased variance in double for the running statistics.
-struct ChannelStats {
-  float mean, invstd;
-  double var;
-};
-ChannelStats channel_stats(double sum, double sumsq, float k, double count, double eps) {
-  const double shifted_mean = sum / count;
-  const double var = std::max(0.0, sumsq / count - shifted_mean * shifted_mean);
-  return {static_cast<float>(k + shifted_mean), static_cast<float>(1.0 / std::sqrt(var + eps)),
-          var};
 }
 
 // ReLU's backward lane by lane: 0 where the output y <= 0, else the gradient itself (bit for bit,
@@ -356,18 +308,21 @@ void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch:
 }
 
 // BatchNorm2d in training mode, optionally followed by a residual's addition and ReLU, for a
-// float32 CPU input, contiguous NCHW or channels_last: the statistics in one pass (the sums of
-// (x - k) and (x - k)^2 for k a value of the channel; NCHW: float lanes within a plane, double
-// across planes; channels_last: a float per channel over chunks of 128 rows, double across), and
+// CPU input, float32 contiguous NCHW or float32/bfloat16 channels_last: the statistics in one
+// pass (the sums of (x - k) and (x - k)^2 for k a value of the channel; NCHW: float lanes within
+// a plane, double across planes; channels_last: a float per channel over chunks of 128 rows,
+// double across; model/batch_norm_cl.h), and
 // y = (x - mean) * (invstd * weight) + bias (+ residual), ReLU'd, in a second (ATen: two passes
 // for the statistics, one to normalise, one to add the residual, one for ReLU). The output's
 // formula is SyncBatchNormFunction's, rounding step by rounding step: on one replica the two
 // differ only by the statistics' last bits (a formula x * scale + shift instead flipped enough
-// ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward: in NCHW the own
-// kernel (backward_nchw: ReLU's mask, the sums and dx in two passes per channel); in channels_last
-// ReLU's and ATen's. The statistics are summed in a fixed order whatever the threads (NCHW: a
-// channel by one thread; channels_last: fixed chunks of rows, then the chunks in order), and the
-// normalisation is elementwise: the result does not depend on the number of threads.
+// ReLU masks to move the 1 x 8 vs 2 x 4 SyncBN test's weights by 8 %). Backward: the own kernels
+// (NCHW: backward_nchw, ReLU's mask, the sums and dx in two passes per channel; channels_last:
+// cl::backward, the mask and the sums in one pass over chunks of rows, dx in a second), against
+// ATen's threshold_backward pass and batch-norm backward's two. The statistics are summed in a
+// fixed order whatever the threads (NCHW: a channel by one thread; channels_last: fixed chunks of
+// rows, then the chunks in order), and the normalisation is elementwise: the result does not depend
+// on the number of threads.
 struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
@@ -375,21 +330,22 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
                                torch::Tensor* mean_out, torch::Tensor* var_out) {
     const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
     const double count = static_cast<double>(n * hw);
-    torch::Tensor y = torch::empty_like(x);  // x's layout
-    torch::Tensor mean = torch::empty({c}, x.options());
-    torch::Tensor invstd = torch::empty({c}, x.options());
-    torch::Tensor var = torch::empty({c}, x.options().dtype(torch::kDouble));
-    const float* xp = x.data_ptr<float>();
+    torch::Tensor y = torch::empty_like(x);  // x's layout and dtype
+    const auto stats = x.options().dtype(torch::kFloat);
+    torch::Tensor mean = torch::empty({c}, stats);
+    torch::Tensor invstd = torch::empty({c}, stats);
+    torch::Tensor var = torch::empty({c}, stats.dtype(torch::kDouble));
     // An empty residual stands for none (autograd's apply takes no undefined tensor).
     const bool has_residual = residual.numel() > 0;
-    const float* rp = has_residual ? residual.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
     const float* wp = weight.data_ptr<float>();
     const float* bp = bias.data_ptr<float>();
     float* mp = mean.data_ptr<float>();
     float* ip = invstd.data_ptr<float>();
     double* vp = var.data_ptr<double>();
-    if (x.is_contiguous()) {
+    if (x.is_contiguous()) {  // NCHW, float32 (fused_kernel_applies)
+      const float* xp = x.data_ptr<float>();
+      const float* rp = has_residual ? residual.data_ptr<float>() : nullptr;
+      float* yp = y.data_ptr<float>();
       at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
         for (int64_t ch = begin; ch < end; ++ch) {
           const float k = xp[ch * hw];  // the channel's first value
@@ -410,46 +366,18 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
           });
         }
       });
-    } else {  // channels_last: rows of c channels
-      const int64_t rows = n * hw;
-      const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
-      // [chunk][sums of c | squares of c] in float; then per channel the chunks in order, double.
-      // Left uninitialised: chunk_sums_nhwc zeroes each chunk's sums itself.
-      const std::unique_ptr<float[]> partial(new float[static_cast<size_t>(chunks * 2 * c)]);
-      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t chunk = begin; chunk < end; ++chunk) {
-          float* s = partial.get() + chunk * 2 * c;
-          chunk_sums_nhwc(xp, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c,
-                          xp /* k: the first row */, s, s + c);
-        }
-      });
-      std::vector<float> scale(static_cast<size_t>(c));
-      at::parallel_for(0, c, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t ch = begin; ch < end; ++ch) {
-          double sum = 0, sumsq = 0;
-          for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-            sum += partial[chunk * 2 * c + ch];
-            sumsq += partial[chunk * 2 * c + c + ch];
-          }
-          const ChannelStats st = channel_stats(sum, sumsq, xp[ch], count, eps);
-          mp[ch] = st.mean;
-          ip[ch] = st.invstd;
-          vp[ch] = st.var;
-          scale[ch] = st.invstd * wp[ch];
-        }
-      });
-      const int64_t grain = std::max<int64_t>(1, 32768 / c);
-      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-        with_flags(has_residual, relu, [&](auto res, auto rl) {
-          normalize_rows<decltype(res)::value, decltype(rl)::value>(xp, rp, yp, begin, end, c, mp,
-                                                                    scale.data(), bp);
-        });
+    } else {  // channels_last, float32 or bfloat16: rows of c channels (model/batch_norm_cl.h)
+      with_element_type(x, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        cl::forward<T>(x.data_ptr<T>(), has_residual ? residual.data_ptr<T>() : nullptr,
+                       y.data_ptr<T>(), n * hw, c, wp, bp, eps, relu, mp, ip, vp);
       });
     }
     // y only for ReLU's mask (a plain BN's output may be changed in place after, as a residual
-    // block adds to it).
-    ctx->save_for_backward({x, relu ? y : torch::Tensor(), weight, mean, invstd});
-    ctx->saved_data["eps"] = eps;
+    // block adds to it), and in channels_last only where a residual was added: otherwise the
+    // backward recomputes the mask from x, weight and bias (cl::backward).
+    const bool keep_y = relu && (has_residual || x.is_contiguous());
+    ctx->save_for_backward({x, keep_y ? y : torch::Tensor(), weight, bias, mean, invstd});
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["residual"] = has_residual;
     *mean_out = mean;
@@ -462,8 +390,9 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
     const torch::Tensor& x = saved[0];
     const torch::Tensor& y = saved[1];
     const torch::Tensor& weight = saved[2];
-    const torch::Tensor& mean = saved[3];
-    const torch::Tensor& invstd = saved[4];
+    const torch::Tensor& bias = saved[3];
+    const torch::Tensor& mean = saved[4];
+    const torch::Tensor& invstd = saved[5];
     const bool relu = ctx->saved_data["relu"].toBool();
     // The residual's gradient is the sum's: ReLU's, as `out += identity` passes it on.
     const bool residual = ctx->saved_data["residual"].toBool() && ctx->needs_input_grad(3);
@@ -478,14 +407,23 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
       if (residual) g = relu ? torch::empty_like(x) : dy;
       torch::Tensor g_out = relu ? g : torch::Tensor();
       backward_nchw(dy, y, x, weight, mean, invstd, relu, &g_out, &dx, &dw, &db);
-    } else {
-      // channels_last: ReLU's backward, then ATen's batch-norm backward on the statistics of the
-      // forward.
-      g = relu ? at::threshold_backward(grads[0], y, 0) : grads[0];
-      const auto eps = ctx->saved_data["eps"].toDouble();
-      std::tie(dx, dw, db) = at::native_batch_norm_backward(
-          g, x, weight, torch::Tensor(), torch::Tensor(), mean, invstd, /*train=*/true, eps,
-          {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    } else {  // channels_last (model/batch_norm_cl.h)
+      RECORD_FUNCTION(relu ? "trainer::batch_norm_relu_backward" : "trainer::batch_norm_backward",
+                      std::vector<c10::IValue>({x}));
+      const torch::Tensor dy = grads[0].contiguous(torch::MemoryFormat::ChannelsLast);
+      if (ctx->needs_input_grad(0)) dx = torch::empty_like(x);
+      dw = torch::empty_like(weight);
+      db = torch::empty_like(weight);
+      if (residual) g = relu ? torch::empty_like(x) : dy;
+      const int64_t rows = x.size(0) * x.size(2) * x.size(3);
+      with_element_type(x, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        cl::backward<T>(dy.data_ptr<T>(), y.defined() ? y.data_ptr<T>() : nullptr, x.data_ptr<T>(),
+                        residual && relu ? g.data_ptr<T>() : nullptr,
+                        dx.defined() ? dx.data_ptr<T>() : nullptr, rows, x.size(1),
+                        weight.data_ptr<float>(), bias.data_ptr<float>(), mean.data_ptr<float>(),
+                        invstd.data_ptr<float>(), relu, dw.data_ptr<float>(), db.data_ptr<float>());
+      });
     }
     return {dx,
             ctx->needs_input_grad(1) ? dw : torch::Tensor(),
@@ -517,9 +455,12 @@ BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
 }
 
 bool BatchNormImpl::fused_kernel_applies(const torch::Tensor& input) const {
+  // float32 in either layout; bfloat16 (autocast's convolution outputs) in channels_last.
+  const bool channels_last = input.is_contiguous(torch::MemoryFormat::ChannelsLast);
   return !util::aten_kernels_only() && is_training() && !reducer_ && input.dim() == 4 &&
-         input.is_cpu() && input.scalar_type() == torch::kFloat &&
-         (input.is_contiguous() || input.is_contiguous(torch::MemoryFormat::ChannelsLast)) &&
+         input.is_cpu() &&
+         ((input.scalar_type() == torch::kFloat && (input.is_contiguous() || channels_last)) ||
+          (input.scalar_type() == torch::kBFloat16 && channels_last && !input.is_contiguous())) &&
          weight.scalar_type() == torch::kFloat && bias.scalar_type() == torch::kFloat &&
          input.size(1) > 0 && input.size(0) * input.size(2) * input.size(3) > 1;
 }
@@ -576,8 +517,9 @@ torch::Tensor BatchNormImpl::forward_add_relu(const torch::Tensor& input,
   // The residual in the input's layout (the kernel walks both with the same offsets).
   const auto layout =
       input.is_contiguous() ? torch::MemoryFormat::Contiguous : torch::MemoryFormat::ChannelsLast;
-  if (fused_kernel_applies(input) && residual.is_cpu() && residual.scalar_type() == torch::kFloat &&
-      residual.sizes() == input.sizes() && residual.is_contiguous(layout)) {
+  if (fused_kernel_applies(input) && residual.is_cpu() &&
+      residual.scalar_type() == input.scalar_type() && residual.sizes() == input.sizes() &&
+      residual.is_contiguous(layout)) {
     return fused_forward(input, residual, /*relu=*/true);
   }
   torch::Tensor out = forward(input);

@@ -26,15 +26,16 @@ class BatchNormImpl : public torch::nn::Module {
   BatchNormImpl(int64_t features, double eps, double momentum);
   torch::Tensor forward(const torch::Tensor& input);
   // relu(forward(input)), as torchvision's blocks follow a BatchNorm2d with ReLU(inplace=True).
-  // In training mode on a float32 CPU tensor, contiguous NCHW or channels_last, without a
-  // reducer, forward and forward_relu run the trainer's own kernel: the statistics in one pass and
-  // the normalisation (and ReLU) in a second, against ATen's four (two for the statistics, one to
-  // normalise, one for ReLU); backward is ATen's. Otherwise forward() is torch.batch_norm (or
-  // SyncBN) and forward_relu adds relu_().
+  // In training mode on a CPU tensor, float32 contiguous NCHW or float32/bfloat16 channels_last,
+  // without a reducer, forward and forward_relu run the trainer's own kernel: the statistics in
+  // one pass and the normalisation (and ReLU) in a second, against ATen's four (two for the
+  // statistics, one to normalise, one for ReLU); backward too is the trainer's (ReLU's mask with
+  // the sums, then dx). Otherwise forward() is torch.batch_norm (or SyncBN) and forward_relu adds
+  // relu_().
   torch::Tensor forward_relu(const torch::Tensor& input);
   // relu(forward(input) + residual): the end of torchvision's BasicBlock and Bottleneck
   // (`out += identity; out = relu(out)`). Where the own kernel applies (and `residual` is a
-  // float32 CPU tensor of input's shape and layout) the addition and ReLU happen in the
+  // CPU tensor of input's dtype, shape and layout) the addition and ReLU happen in the
   // normalising pass, with the same roundings as the three steps; otherwise it is those steps.
   torch::Tensor forward_add_relu(const torch::Tensor& input, const torch::Tensor& residual);
   void set_reducer(std::shared_ptr<StatsReducer> reducer) { reducer_ = std::move(reducer); }

@@ -209,10 +209,8 @@ TEST_CASE("forward in training mode equals torch.batch_norm: output, gradients, 
 
 TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model][bn_relu]") {
   torch::manual_seed(6);
-  // 4 x 9 x 9 = 324 rows: channels_last sums them in three chunks of at most 128. The NCHW
-  // backward is the own kernel's (a channel by one thread, the same bits too); in channels_last it
-  // is ATen's, which splits the rows among the threads and adds their partial sums, so there only
-  // the forward (output and running statistics) is compared.
+  // 4 x 9 x 9 = 324 rows: channels_last sums them in three chunks of at most 128, forward and
+  // backward. NCHW: a channel by one thread. Output, running statistics and every gradient.
   for (const bool channels_last : {false, true}) {
     INFO("channels_last " << channels_last);
     torch::Tensor x0 = torch::randn({4, 40, 9, 9});
@@ -227,11 +225,9 @@ TEST_CASE("forward_relu gives the same bits whatever the thread count", "[model]
       torch::Tensor x = x0.clone().requires_grad_(true);
       const torch::Tensor y = bn->forward_relu(x);
       (y * g).sum().backward();
-      outs.push_back(torch::cat({y.contiguous().flatten(), bn->running_mean, bn->running_var}));
-      if (!channels_last) {
-        outs.back() =
-            torch::cat({outs.back(), x.grad().flatten(), bn->weight.grad(), bn->bias.grad()});
-      }
+      outs.push_back(
+          torch::cat({y.contiguous().flatten(), bn->running_mean, bn->running_var,
+                      x.grad().contiguous().flatten(), bn->weight.grad(), bn->bias.grad()}));
     }
     torch::set_num_threads(threads);
     CHECK(torch::equal(outs[0], outs[1]));
@@ -388,4 +384,124 @@ TEST_CASE("the NCHW backward: ReLU's and ATen's batch-norm backward, gradients a
   CHECK(torch::equal(ra.grad(), at::threshold_backward(g, ya.detach(), 0)));
   CHECK(torch::equal(xa.grad(), xb.grad()));
   CHECK(torch::equal(with->weight.grad(), without->weight.grad()));
+}
+
+namespace {
+
+// A BatchNorm with the given weight and bias (c channels, linearly spaced), in training mode.
+BatchNorm trained_bn(int64_t c, double w0, double w1, double b0, double b1) {
+  BatchNorm bn(c, 1e-5, 0.1);
+  torch::NoGradGuard no_grad;
+  bn->weight.copy_(torch::linspace(w0, w1, c));
+  bn->bias.copy_(torch::linspace(b0, b1, c));
+  bn->train();
+  return bn;
+}
+
+torch::Tensor cl(const torch::Tensor& t) { return t.contiguous(at::MemoryFormat::ChannelsLast); }
+
+// The largest |a - b| beyond a relative part of |b| (bf16 rounds to 8 significant bits).
+double beyond(const torch::Tensor& a, const torch::Tensor& b, double rel) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).abs() - b.to(torch::kDouble).abs() * rel)
+      .max()
+      .item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("bf16 channels_last: the own kernel computes BN + ReLU in float, rounded once",
+          "[model][bn_relu][bf16]") {
+  // 4 x 9 x 9 = 324 rows (three chunks); 40 channels: two 16-lane vectors and 8 in the scalar
+  // loop. The reference is float32 BatchNorm2d + ReLU on the same (bf16-exact) values: the own
+  // output is that rounded to bf16 (2^-8 relative at most), its gradients that within bf16's
+  // rounding of dx and float sums' order.
+  torch::manual_seed(12);
+  const torch::Tensor x0 = cl((torch::randn({4, 40, 9, 9}) * 2 + 1).to(torch::kBFloat16));
+  const torch::Tensor g0 = cl(torch::randn({4, 40, 9, 9}).to(torch::kBFloat16));
+  BatchNorm ours = trained_bn(40, -1.5, 2.0, 0.4, -0.3);
+  BatchNorm ref = trained_bn(40, -1.5, 2.0, 0.4, -0.3);
+  torch::Tensor xb = x0.clone().requires_grad_(true);
+  torch::Tensor xf = x0.to(torch::kFloat).requires_grad_(true);
+  const torch::Tensor yb = ours->forward_relu(xb);
+  const torch::Tensor yf = ref(xf).relu_();
+  CHECK(yb.scalar_type() == torch::kBFloat16);
+  CHECK(yb.is_contiguous(at::MemoryFormat::ChannelsLast));
+  CHECK(beyond(yb, yf, 1.0 / 256) < 1e-5);
+  CHECK(((yb > 0) == (yf > 0)).all().item<bool>());
+  (yb * g0).sum().backward();
+  (yf * g0.to(torch::kFloat)).sum().backward();
+  const double dx_scale = xf.grad().abs().max().item<double>();
+  CHECK(beyond(xb.grad(), xf.grad(), 1.0 / 256) < 1e-4 * dx_scale);
+  CHECK(worst(ours->weight.grad(), ref->weight.grad()) < 1e-4);
+  CHECK(worst(ours->bias.grad(), ref->bias.grad()) < 1e-4);
+  CHECK(worst(ours->running_mean, ref->running_mean) < 1e-5);
+  CHECK(worst(ours->running_var, ref->running_var) < 1e-5);
+
+  // And close to what ATen's bf16 batch norm, relu_ and threshold_backward give (the trainer's
+  // path before the own kernel took bf16).
+  torch::Tensor xa = x0.clone().requires_grad_(true);
+  BatchNorm aten = trained_bn(40, -1.5, 2.0, 0.4, -0.3);
+  const torch::Tensor ya = torch::batch_norm(xa, aten->weight, aten->bias, aten->running_mean,
+                                             aten->running_var, true, 0.1, 1e-5, false)
+                               .relu_();
+  CHECK(beyond(yb, ya, 1.0 / 128) < 1e-5);
+  (ya * g0).sum().backward();
+  CHECK(beyond(xb.grad(), xa.grad(), 1.0 / 64) < 1e-3 * dx_scale);
+}
+
+TEST_CASE("bf16 channels_last: forward_add_relu rounds as BN, += residual, relu_ in bf16",
+          "[model][bn_relu][bf16]") {
+  torch::manual_seed(13);
+  const torch::Tensor x0 = cl((torch::randn({3, 24, 7, 5}) * 2 + 1).to(torch::kBFloat16));
+  const torch::Tensor r0 = cl(torch::randn({3, 24, 7, 5}).to(torch::kBFloat16));
+  const torch::Tensor g0 = cl(torch::randn({3, 24, 7, 5}).to(torch::kBFloat16));
+  BatchNorm fused = trained_bn(24, -1.5, 2.0, 0.4, -0.3);
+  BatchNorm steps = trained_bn(24, -1.5, 2.0, 0.4, -0.3);
+  torch::Tensor xb = x0.clone().requires_grad_(true), rb = r0.clone().requires_grad_(true);
+  torch::Tensor xa = x0.clone().requires_grad_(true), ra = r0.clone().requires_grad_(true);
+  const torch::Tensor yb = fused->forward_add_relu(xb, rb);
+  // The three steps with the own BN (bf16 out), then bf16 addition and ReLU: the same roundings.
+  torch::Tensor ya = steps(xa);
+  ya += ra;
+  ya.relu_();
+  CHECK(yb.scalar_type() == torch::kBFloat16);
+  CHECK(torch::equal(yb, ya));
+  CHECK((yb == 0).any().item<bool>());
+  (yb * g0).sum().backward();
+  (ya * g0).sum().backward();
+  CHECK(torch::equal(rb.grad(), ra.grad()));  // g: dy masked, exact in bf16
+  CHECK(torch::equal(xb.grad(), xa.grad()));
+  CHECK(torch::equal(fused->weight.grad(), steps->weight.grad()));
+  CHECK(torch::equal(fused->bias.grad(), steps->bias.grad()));
+}
+
+TEST_CASE("channels_last backward: the ReLU mask recomputed from x gives the saved output's bits",
+          "[model][bn_relu]") {
+  // forward_relu saves no output in channels_last and recomputes ReLU's mask from x; a zero
+  // residual (bits of BN's output unchanged) makes the kernel save y and read the mask from it.
+  // The gradients must be the same bits, in float32 and bf16, whatever the thread count.
+  torch::manual_seed(14);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    INFO("dtype " << dtype);
+    const torch::Tensor x0 = cl((torch::randn({4, 40, 9, 9}) * 2 + 1).to(dtype));
+    const torch::Tensor g0 = cl(torch::randn({4, 40, 9, 9}).to(dtype));
+    const int threads = torch::get_num_threads();
+    std::vector<torch::Tensor> outs;
+    for (const int t : {1, 2, 3}) {
+      torch::set_num_threads(t);
+      for (const bool with_residual : {false, true}) {
+        BatchNorm bn = trained_bn(40, -1.5, 2.0, 0.4, -0.3);
+        torch::Tensor x = x0.clone().requires_grad_(true);
+        const torch::Tensor y = with_residual ? bn->forward_add_relu(x, cl(torch::zeros_like(x0)))
+                                              : bn->forward_relu(x);
+        (y * g0).sum().backward();
+        outs.push_back(
+            torch::cat({y.contiguous().flatten().to(torch::kFloat),
+                        x.grad().contiguous().flatten().to(torch::kFloat), bn->weight.grad(),
+                        bn->bias.grad(), bn->running_mean, bn->running_var}));
+      }
+    }
+    torch::set_num_threads(threads);
+    for (size_t i = 1; i < outs.size(); ++i) CHECK(torch::equal(outs[i], outs[0]));
+  }
 }
