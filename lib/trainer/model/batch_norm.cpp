@@ -195,62 +195,103 @@ void with_flags(bool residual, bool relu, F&& f) {
 inline Vec4 relu_grad4(Vec4 g, Vec4 y) { return vec::select4(!(y <= splat4(0.0f)), g, Vec4{}); }
 inline float relu_grad1(float g, float y) { return y <= 0.0f ? 0.0f : g; }
 
-// Backward, first pass over one NCHW plane of n values: g = dy after ReLU's mask (kRelu), stored
-// to g_out (kStore: the residual's gradient); adds the sums of g and of (x - mean) * g to *sum
-// and *dotp (float lanes within the plane, the plane's total in double, as the forward's sums).
-template <bool kRelu, bool kStore>
+// Where the backward's ReLU mask comes from: no ReLU; the saved output y; or the output
+// recomputed from x as the forward computed it, (x - mean) * scale + bias (the same bits; saved
+// and read where no residual was added). cl::backward chooses the same way.
+enum class Mask { kNone, kFromY, kFromX };
+
+// g = dy after the mask, lane by lane (four or one); xm = x - mean, yp the plane's output.
+template <Mask kMask>
+inline Vec4 masked4(Vec4 dy, Vec4 xm, const float* yp, int64_t i, Vec4 scale, Vec4 bias) {
+  if constexpr (kMask == Mask::kFromY) return relu_grad4(dy, load4(yp + i));
+  if constexpr (kMask == Mask::kFromX) return relu_grad4(dy, xm * scale + bias);
+  return dy;
+}
+template <Mask kMask>
+inline float masked1(float dy, float xm, const float* yp, int64_t i, float scale, float bias) {
+  if constexpr (kMask == Mask::kFromY) return relu_grad1(dy, yp[i]);
+  if constexpr (kMask == Mask::kFromX) return relu_grad1(dy, xm * scale + bias);
+  return dy;
+}
+
+// One channel's forward values the backward uses: mean, scale (invstd * weight: the forward's
+// product) and bias for the mask; k = dotp * invstd^2 / count, grad_mean = sum / count, invstd
+// and weight for dx.
+struct PlaneParams {
+  float mean, scale, bias, k, grad_mean, invstd, weight;
+};
+
+// Backward, first pass over one NCHW plane of n values: g = dy after ReLU's mask, stored to g_out
+// (kStore: the residual's gradient); adds the sums of g and of (x - mean) * g to *sum and *dotp
+// (float lanes within the plane, the plane's total in double, as the forward's sums).
+template <Mask kMask, bool kStore>
 void backward_sums_plane(const float* __restrict dy, const float* __restrict y,
-                         const float* __restrict x, float* __restrict g_out, int64_t n, float mean,
-                         double* sum, double* dotp) {
-  const Vec4 mv = splat4(mean);
+                         const float* __restrict x, float* __restrict g_out, int64_t n,
+                         const PlaneParams& p, double* sum, double* dotp) {
+  const Vec4 mv = splat4(p.mean), sv = splat4(p.scale), bv = splat4(p.bias);
   Vec4 s0 = {}, s1 = {}, d0 = {}, d1 = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    Vec4 a = load4(dy + i), b = load4(dy + i + 4);
-    if constexpr (kRelu) {
-      a = relu_grad4(a, load4(y + i));
-      b = relu_grad4(b, load4(y + i + 4));
-    }
+    const Vec4 xa = load4(x + i) - mv, xb = load4(x + i + 4) - mv;
+    const Vec4 a = masked4<kMask>(load4(dy + i), xa, y, i, sv, bv);
+    const Vec4 b = masked4<kMask>(load4(dy + i + 4), xb, y, i + 4, sv, bv);
     if constexpr (kStore) {
       store4(g_out + i, a);
       store4(g_out + i + 4, b);
     }
     s0 += a;
     s1 += b;
-    d0 += (load4(x + i) - mv) * a;
-    d1 += (load4(x + i + 4) - mv) * b;
+    d0 += xa * a;
+    d1 += xb * b;
   }
   double ts = 0, td = 0;
   for (int l = 0; l < 4; ++l) ts += static_cast<double>(s0[l]) + static_cast<double>(s1[l]);
   for (int l = 0; l < 4; ++l) td += static_cast<double>(d0[l]) + static_cast<double>(d1[l]);
   for (; i < n; ++i) {
-    const float g = kRelu ? relu_grad1(dy[i], y[i]) : dy[i];
+    const float xm = x[i] - p.mean;
+    const float g = masked1<kMask>(dy[i], xm, y, i, p.scale, p.bias);
     if constexpr (kStore) g_out[i] = g;
     ts += g;
-    td += (x[i] - mean) * g;
+    td += xm * g;
   }
   *sum += ts;
   *dotp += td;
 }
 
 // Backward, second pass over one plane: dx = (g - grad_mean - (x - mean) * k) * invstd * w, ATen's
-// batch-norm backward formula and order (k = dotp * invstd^2 / count, grad_mean = sum / count), g
-// recomputed from dy and y (kRelu) or read (dy is g).
-template <bool kRelu>
-void backward_dx_plane(const float* __restrict dy, const float* __restrict y,
-                       const float* __restrict x, float* __restrict dx, int64_t n, float mean,
-                       float k, float grad_mean, float invstd, float w) {
-  const Vec4 mv = splat4(mean), kv = splat4(k), gv = splat4(grad_mean), iv = splat4(invstd),
-             wv = splat4(w);
+// batch-norm backward formula and order, g from g_in (dy, or the stored g) after the mask.
+template <Mask kMask>
+void backward_dx_plane(const float* __restrict g_in, const float* __restrict y,
+                       const float* __restrict x, float* __restrict dx, int64_t n,
+                       const PlaneParams& p) {
+  const Vec4 mv = splat4(p.mean), sv = splat4(p.scale), bv = splat4(p.bias), kv = splat4(p.k),
+             gv = splat4(p.grad_mean), iv = splat4(p.invstd), wv = splat4(p.weight);
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    Vec4 g = load4(dy + i);
-    if constexpr (kRelu) g = relu_grad4(g, load4(y + i));
-    store4(dx + i, (g - gv - (load4(x + i) - mv) * kv) * iv * wv);
+    const Vec4 xm = load4(x + i) - mv;
+    const Vec4 g = masked4<kMask>(load4(g_in + i), xm, y, i, sv, bv);
+    store4(dx + i, (g - gv - xm * kv) * iv * wv);
   }
   for (; i < n; ++i) {
-    const float g = kRelu ? relu_grad1(dy[i], y[i]) : dy[i];
-    dx[i] = (g - grad_mean - (x[i] - mean) * k) * invstd * w;
+    const float xm = x[i] - p.mean;
+    const float g = masked1<kMask>(g_in[i], xm, y, i, p.scale, p.bias);
+    dx[i] = (g - p.grad_mean - xm * p.k) * p.invstd * p.weight;
+  }
+}
+
+// Calls f with the mask as a std::integral_constant<Mask>.
+template <class F>
+void with_mask(Mask mask, F&& f) {
+  switch (mask) {
+    case Mask::kFromY:
+      f(std::integral_constant<Mask, Mask::kFromY>{});
+      break;
+    case Mask::kFromX:
+      f(std::integral_constant<Mask, Mask::kFromX>{});
+      break;
+    case Mask::kNone:
+      f(std::integral_constant<Mask, Mask::kNone>{});
+      break;
   }
 }
 
@@ -258,51 +299,60 @@ void backward_dx_plane(const float* __restrict dy, const float* __restrict y,
 // channel, a channel by one thread (its planes still in the core's cache for the second pass):
 // ReLU's mask, the two sums and dx together (ATen: threshold_backward's pass over the whole
 // tensor, then batch-norm backward's two). The sums are added in a fixed order whatever the
-// threads. dy contiguous; y the output (kRelu) or undefined; g_out the residual's gradient or
-// undefined; dx undefined where the input's gradient is not wanted.
+// threads. dy contiguous; y the output where a residual was added (the mask read from it), or
+// undefined (with relu: the mask recomputed from x); g_out the residual's gradient or undefined;
+// dx undefined where the input's gradient is not wanted.
 void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch::Tensor& x,
-                   const torch::Tensor& weight, const torch::Tensor& mean,
-                   const torch::Tensor& invstd, bool relu, torch::Tensor* g_out, torch::Tensor* dx,
-                   torch::Tensor* dw, torch::Tensor* db) {
+                   const torch::Tensor& weight, const torch::Tensor& bias,
+                   const torch::Tensor& mean, const torch::Tensor& invstd, bool relu,
+                   torch::Tensor* g_out, torch::Tensor* dx, torch::Tensor* dw, torch::Tensor* db) {
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
   const double count = static_cast<double>(n * hw);
+  const Mask mask = !relu ? Mask::kNone : y.defined() ? Mask::kFromY : Mask::kFromX;
   const float* dyp = dy.data_ptr<float>();
-  const float* yp = relu ? y.data_ptr<float>() : nullptr;
+  const float* yp = y.defined() ? y.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
-  float* gp = g_out->defined() ? g_out->data_ptr<float>() : nullptr;
+  // The stored g only where the mask changed it (without ReLU, g is dy: g_out is dy itself).
+  float* gp = g_out->defined() && mask == Mask::kFromY ? g_out->data_ptr<float>() : nullptr;
   float* dxp = dx->defined() ? dx->data_ptr<float>() : nullptr;
   const float* wp = weight.data_ptr<float>();
+  const float* bp = bias.data_ptr<float>();
   const float* mp = mean.data_ptr<float>();
   const float* ip = invstd.data_ptr<float>();
   float* dwp = dw->data_ptr<float>();
   float* dbp = db->data_ptr<float>();
   at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
     for (int64_t ch = begin; ch < end; ++ch) {
+      PlaneParams p{mp[ch], ip[ch] * wp[ch], bp[ch], 0, 0, ip[ch], wp[ch]};
       double sum = 0, dotp = 0;
-      with_flags(gp != nullptr, relu, [&](auto store, auto rl) {
+      with_mask(mask, [&](auto m) {
         for (int64_t b = 0; b < n; ++b) {
           const int64_t off = (b * c + ch) * hw;
-          backward_sums_plane<decltype(rl)::value, decltype(store)::value>(
-              dyp + off, relu ? yp + off : nullptr, xp + off, gp != nullptr ? gp + off : nullptr,
-              hw, mp[ch], &sum, &dotp);
+          const float* ypl = yp != nullptr ? yp + off : nullptr;
+          if (gp != nullptr) {
+            backward_sums_plane<decltype(m)::value, true>(dyp + off, ypl, xp + off, gp + off, hw, p,
+                                                          &sum, &dotp);
+          } else {
+            backward_sums_plane<decltype(m)::value, false>(dyp + off, ypl, xp + off, nullptr, hw, p,
+                                                           &sum, &dotp);
+          }
         }
       });
       const double is = ip[ch];
       dwp[ch] = static_cast<float>(dotp * is);
       dbp[ch] = static_cast<float>(sum);
       if (dxp == nullptr) continue;
-      const auto k = static_cast<float>(dotp * is * is / count);
-      const auto grad_mean = static_cast<float>(sum / count);
-      for (int64_t b = 0; b < n; ++b) {
-        const int64_t off = (b * c + ch) * hw;
-        if (relu && gp == nullptr) {
-          backward_dx_plane<true>(dyp + off, yp + off, xp + off, dxp + off, hw, mp[ch], k,
-                                  grad_mean, ip[ch], wp[ch]);
-        } else {  // g is dy, or was stored
-          backward_dx_plane<false>((gp != nullptr ? gp : dyp) + off, nullptr, xp + off, dxp + off,
-                                   hw, mp[ch], k, grad_mean, ip[ch], wp[ch]);
+      p.k = static_cast<float>(dotp * is * is / count);
+      p.grad_mean = static_cast<float>(sum / count);
+      // g read where it was stored (no mask left to apply), else dy after the mask.
+      with_mask(gp != nullptr ? Mask::kNone : mask, [&](auto m) {
+        for (int64_t b = 0; b < n; ++b) {
+          const int64_t off = (b * c + ch) * hw;
+          backward_dx_plane<decltype(m)::value>((gp != nullptr ? gp : dyp) + off,
+                                                yp != nullptr ? yp + off : nullptr, xp + off,
+                                                dxp + off, hw, p);
         }
-      }
+      });
     }
   });
 }
@@ -373,10 +423,10 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
                        y.data_ptr<T>(), n * hw, c, wp, bp, eps, relu, mp, ip, vp);
       });
     }
-    // y only for ReLU's mask (a plain BN's output may be changed in place after, as a residual
-    // block adds to it), and in channels_last only where a residual was added: otherwise the
-    // backward recomputes the mask from x, weight and bias (cl::backward).
-    const bool keep_y = relu && (has_residual || x.is_contiguous());
+    // y only for ReLU's mask where a residual was added (a plain BN's output may be changed in
+    // place after, as a residual block adds to it); without one the backward recomputes the mask
+    // from x, weight and bias (backward_nchw, cl::backward).
+    const bool keep_y = relu && has_residual;
     ctx->save_for_backward({x, keep_y ? y : torch::Tensor(), weight, bias, mean, invstd});
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["residual"] = has_residual;
@@ -406,7 +456,7 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
       db = torch::empty_like(weight);
       if (residual) g = relu ? torch::empty_like(x) : dy;
       torch::Tensor g_out = relu ? g : torch::Tensor();
-      backward_nchw(dy, y, x, weight, mean, invstd, relu, &g_out, &dx, &dw, &db);
+      backward_nchw(dy, y, x, weight, bias, mean, invstd, relu, &g_out, &dx, &dw, &db);
     } else {  // channels_last (model/batch_norm_cl.h)
       RECORD_FUNCTION(relu ? "trainer::batch_norm_relu_backward" : "trainer::batch_norm_backward",
                       std::vector<c10::IValue>({x}));

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "trainer/model/batch_norm.h"
@@ -475,16 +476,21 @@ TEST_CASE("bf16 channels_last: forward_add_relu rounds as BN, += residual, relu_
   CHECK(torch::equal(fused->bias.grad(), steps->bias.grad()));
 }
 
-TEST_CASE("channels_last backward: the ReLU mask recomputed from x gives the saved output's bits",
+TEST_CASE("backward: the ReLU mask recomputed from x gives the saved output's bits",
           "[model][bn_relu]") {
-  // forward_relu saves no output in channels_last and recomputes ReLU's mask from x; a zero
-  // residual (bits of BN's output unchanged) makes the kernel save y and read the mask from it.
-  // The gradients must be the same bits, in float32 and bf16, whatever the thread count.
+  // forward_relu saves no output and the backward recomputes ReLU's mask from x; a zero residual
+  // (bits of BN's output unchanged) makes the kernel save y and read the mask from it. The
+  // gradients must be the same bits, in NCHW float32 and channels_last float32 and bf16, whatever
+  // the thread count.
   torch::manual_seed(14);
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    INFO("dtype " << dtype);
-    const torch::Tensor x0 = cl((torch::randn({4, 40, 9, 9}) * 2 + 1).to(dtype));
-    const torch::Tensor g0 = cl(torch::randn({4, 40, 9, 9}).to(dtype));
+  for (const auto& [dtype, channels_last] :
+       {std::pair{torch::kFloat, false}, std::pair{torch::kFloat, true},
+        std::pair{torch::kBFloat16, true}}) {
+    INFO("dtype " << dtype << ", channels_last " << channels_last);
+    const auto layout =
+        channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    const torch::Tensor x0 = (torch::randn({4, 40, 9, 9}) * 2 + 1).to(dtype).contiguous(layout);
+    const torch::Tensor g0 = torch::randn({4, 40, 9, 9}).to(dtype).contiguous(layout);
     const int threads = torch::get_num_threads();
     std::vector<torch::Tensor> outs;
     for (const int t : {1, 2, 3}) {
@@ -492,8 +498,8 @@ TEST_CASE("channels_last backward: the ReLU mask recomputed from x gives the sav
       for (const bool with_residual : {false, true}) {
         BatchNorm bn = trained_bn(40, -1.5, 2.0, 0.4, -0.3);
         torch::Tensor x = x0.clone().requires_grad_(true);
-        const torch::Tensor y = with_residual ? bn->forward_add_relu(x, cl(torch::zeros_like(x0)))
-                                              : bn->forward_relu(x);
+        const torch::Tensor y =
+            with_residual ? bn->forward_add_relu(x, torch::zeros_like(x0)) : bn->forward_relu(x);
         (y * g0).sum().backward();
         outs.push_back(
             torch::cat({y.contiguous().flatten().to(torch::kFloat),
@@ -502,6 +508,7 @@ TEST_CASE("channels_last backward: the ReLU mask recomputed from x gives the sav
       }
     }
     torch::set_num_threads(threads);
+    CHECK((outs[0].slice(0, 0, x0.numel()) == 0).any().item<bool>());  // the mask is exercised
     for (size_t i = 1; i < outs.size(); ++i) CHECK(torch::equal(outs[i], outs[0]));
   }
 }
