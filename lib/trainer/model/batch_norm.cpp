@@ -1,7 +1,7 @@
 #include "trainer/model/batch_norm.h"
 
 #include "trainer/model/batch_norm_cl.h"
-#include "trainer/model/vec4.h"
+#include "trainer/model/simd.h"
 #include "trainer/util/kernel_switch.h"
 
 #include <ATen/Parallel.h>
@@ -101,32 +101,42 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
   }
 };
 
-// The forward kernel's inner loops in vector extensions (model/vec4.h), two vectors of
-// accumulators. Every lane's arithmetic and the order of the lanes' sums are fixed, so the result
-// does not depend on the threads or the vector unit.
-using vec::load4;
-using vec::relu4;
-using vec::splat4;
-using vec::store4;
-using vec::Vec4;
+// The NCHW kernels: a channel at a time (its planes, by one thread), in 8-lane vectors
+// (model/simd.h), the per-channel entry points compiled for AVX-512, AVX2 and the baseline. A
+// plane's sums keep eight float partial sums (element i into partial i % 8), added in double in
+// a fixed order; the rest is elementwise: the bits do not depend on the threads or the vector
+// unit (nor on the clone: the sums' order is the code's).
+using simd::F8;
+using simd::load;
+using simd::splat;
+using simd::store;
+
+// A float vector's or a float's element at p.
+template <class V>
+TRAINER_INLINE V at_(const float* p) {
+  if constexpr (std::is_same_v<V, float>) {
+    return *p;
+  } else {
+    return load<V>(p);
+  }
+}
 
 // Adds the sums of (x - k) and (x - k)^2 over x[0..n) to *sum and *sumsq: float lanes within the
 // plane (shifted by k, a value of the channel, so that the squares do not cancel), the plane's
 // total added in double.
-void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum, double* sumsq) {
-  const Vec4 kv = splat4(k);
-  Vec4 s0 = {}, s1 = {}, q0 = {}, q1 = {};
+TRAINER_INLINE void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum,
+                                 double* sumsq) {
+  const F8 kv = splat<F8>(k);
+  F8 s = {}, q = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const Vec4 a = load4(x + i) - kv, b = load4(x + i + 4) - kv;
-    s0 += a;
-    s1 += b;
-    q0 += a * a;
-    q1 += b * b;
+    const F8 a = load<F8>(x + i) - kv;
+    s += a;
+    q += a * a;
   }
   double ts = 0, tq = 0;
-  for (int l = 0; l < 4; ++l) ts += static_cast<double>(s0[l]) + static_cast<double>(s1[l]);
-  for (int l = 0; l < 4; ++l) tq += static_cast<double>(q0[l]) + static_cast<double>(q1[l]);
+  for (int l = 0; l < 4; ++l) ts += static_cast<double>(s[l]) + static_cast<double>(s[l + 4]);
+  for (int l = 0; l < 4; ++l) tq += static_cast<double>(q[l]) + static_cast<double>(q[l + 4]);
   for (; i < n; ++i) {
     const double v = x[i] - k;
     ts += v;
@@ -137,33 +147,51 @@ void shifted_sums(const float* __restrict x, int64_t n, float k, double* sum, do
 }
 
 // y = (x - mean) * scale + bias (+ r), then ReLU: SyncBN's order of operations in float, then the
-// residual block's `out += identity` and relu_(). One element (norm1) or four (norm4), the same
-// roundings, r[i] the residual's element; both layouts' loops below use them.
-template <bool kResidual, bool kRelu>
-inline Vec4 norm4(Vec4 x, Vec4 mean, Vec4 scale, Vec4 bias, const float* r, int64_t i) {
-  Vec4 v = (x - mean) * scale + bias;
-  if constexpr (kResidual) v = v + load4(r + i);
-  if constexpr (kRelu) v = relu4(v);
+// residual block's `out += identity` and relu_(), for a vector or one element (the same
+// roundings).
+template <bool kResidual, bool kRelu, class V>
+TRAINER_INLINE V norm(V x, V mean, V scale, V bias, const float* r) {
+  V v = (x - mean) * scale + bias;
+  if constexpr (kResidual) v = v + at_<V>(r);
+  if constexpr (kRelu) v = simd::relu(v);
   return v;
 }
 
+// One channel's forward: its statistics from its n planes of hw values, then its output.
 template <bool kResidual, bool kRelu>
-inline float norm1(float x, float mean, float scale, float bias, const float* r, int64_t i) {
-  float v = (x - mean) * scale + bias;
-  if constexpr (kResidual) v = v + r[i];
-  return kRelu && v <= 0.0f ? 0.0f : v;
+TRAINER_INLINE void normalize_channel(const float* __restrict x, const float* __restrict r,
+                                      float* __restrict y, int64_t n, int64_t c, int64_t hw,
+                                      int64_t ch, float mean, float scale, float bias) {
+  const F8 mv = splat<F8>(mean), sv = splat<F8>(scale), bv = splat<F8>(bias);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t off = (b * c + ch) * hw;
+    int64_t i = 0;
+    for (; i + 8 <= hw; i += 8) {
+      store(y + off + i, norm<kResidual, kRelu>(load<F8>(x + off + i), mv, sv, bv, r + off + i));
+    }
+    for (; i < hw; ++i) {
+      y[off + i] = norm<kResidual, kRelu>(x[off + i], mean, scale, bias, r + off + i);
+    }
+  }
 }
 
-// NCHW: one plane of n values of one channel.
-template <bool kResidual, bool kRelu>
-void normalize_plane(const float* __restrict x, const float* __restrict r, float* __restrict y,
-                     int64_t n, float mean, float scale, float bias) {
-  const Vec4 mv = splat4(mean), sv = splat4(scale), bv = splat4(bias);
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    store4(y + i, norm4<kResidual, kRelu>(load4(x + i), mv, sv, bv, r, i));
+TRAINER_CLONES void forward_channel(const float* x, const float* r, float* y, int64_t n, int64_t c,
+                                    int64_t hw, int64_t ch, double eps, float weight, float bias,
+                                    bool relu, ChannelStats* out) {
+  const float k = x[ch * hw];  // the channel's first value
+  double sum = 0, sumsq = 0;
+  for (int64_t b = 0; b < n; ++b) shifted_sums(x + (b * c + ch) * hw, hw, k, &sum, &sumsq);
+  const ChannelStats st = channel_stats(sum, sumsq, k, static_cast<double>(n * hw), eps);
+  *out = st;
+  const float scale = st.invstd * weight;
+  const float m = st.mean;
+  if (r != nullptr) {
+    relu ? normalize_channel<true, true>(x, r, y, n, c, hw, ch, m, scale, bias)
+         : normalize_channel<true, false>(x, r, y, n, c, hw, ch, m, scale, bias);
+  } else {
+    relu ? normalize_channel<false, true>(x, r, y, n, c, hw, ch, m, scale, bias)
+         : normalize_channel<false, false>(x, r, y, n, c, hw, ch, m, scale, bias);
   }
-  for (; i < n; ++i) y[i] = norm1<kResidual, kRelu>(x[i], mean, scale, bias, r, i);
 }
 
 // Calls f with a null pointer of x's element type: float or c10::BFloat16 (the channels_last
@@ -177,40 +205,16 @@ void with_element_type(const torch::Tensor& x, F&& f) {
   }
 }
 
-// Calls f(residual, relu) with each flag as a std::integral_constant<bool>, so that the kernels
-// are instantiated for the four combinations.
-template <class F>
-void with_flags(bool residual, bool relu, F&& f) {
-  using Yes = std::true_type;
-  using No = std::false_type;
-  if (residual) {
-    relu ? f(Yes{}, Yes{}) : f(Yes{}, No{});
-  } else {
-    relu ? f(No{}, Yes{}) : f(No{}, No{});
-  }
-}
-
-// ReLU's backward lane by lane: 0 where the output y <= 0, else the gradient itself (bit for bit,
-// as threshold_backward(grad, y, 0); a NaN output passes the gradient).
-inline Vec4 relu_grad4(Vec4 g, Vec4 y) { return vec::select4(!(y <= splat4(0.0f)), g, Vec4{}); }
-inline float relu_grad1(float g, float y) { return y <= 0.0f ? 0.0f : g; }
-
 // Where the backward's ReLU mask comes from: no ReLU; the saved output y; or the output
 // recomputed from x as the forward computed it, (x - mean) * scale + bias (the same bits; saved
 // and read where no residual was added). cl::backward chooses the same way.
 enum class Mask { kNone, kFromY, kFromX };
 
-// g = dy after the mask, lane by lane (four or one); xm = x - mean, yp the plane's output.
-template <Mask kMask>
-inline Vec4 masked4(Vec4 dy, Vec4 xm, const float* yp, int64_t i, Vec4 scale, Vec4 bias) {
-  if constexpr (kMask == Mask::kFromY) return relu_grad4(dy, load4(yp + i));
-  if constexpr (kMask == Mask::kFromX) return relu_grad4(dy, xm * scale + bias);
-  return dy;
-}
-template <Mask kMask>
-inline float masked1(float dy, float xm, const float* yp, int64_t i, float scale, float bias) {
-  if constexpr (kMask == Mask::kFromY) return relu_grad1(dy, yp[i]);
-  if constexpr (kMask == Mask::kFromX) return relu_grad1(dy, xm * scale + bias);
+// g = dy after the mask, for a vector or one element; xm = x - mean, y the output at the element.
+template <Mask kMask, class V>
+TRAINER_INLINE V masked(V dy, V xm, const float* y, V scale, V bias) {
+  if constexpr (kMask == Mask::kFromY) return simd::relu_grad(dy, at_<V>(y));
+  if constexpr (kMask == Mask::kFromX) return simd::relu_grad(dy, xm * scale + bias);
   return dy;
 }
 
@@ -221,96 +225,119 @@ struct PlaneParams {
   float mean, scale, bias, k, grad_mean, invstd, weight;
 };
 
-// Backward, first pass over one NCHW plane of n values: g = dy after ReLU's mask, stored to g_out
-// (kStore: the residual's gradient); adds the sums of g and of (x - mean) * g to *sum and *dotp
-// (float lanes within the plane, the plane's total in double, as the forward's sums).
+// Backward, first pass over one channel's planes: g = dy after ReLU's mask, stored to g_out
+// (kStore: the residual's gradient); the sums of g and of (x - mean) * g into *sum and *dotp
+// (a plane's float partial sums as the forward's, the planes' totals in double).
 template <Mask kMask, bool kStore>
-void backward_sums_plane(const float* __restrict dy, const float* __restrict y,
-                         const float* __restrict x, float* __restrict g_out, int64_t n,
-                         const PlaneParams& p, double* sum, double* dotp) {
-  const Vec4 mv = splat4(p.mean), sv = splat4(p.scale), bv = splat4(p.bias);
-  Vec4 s0 = {}, s1 = {}, d0 = {}, d1 = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const Vec4 xa = load4(x + i) - mv, xb = load4(x + i + 4) - mv;
-    const Vec4 a = masked4<kMask>(load4(dy + i), xa, y, i, sv, bv);
-    const Vec4 b = masked4<kMask>(load4(dy + i + 4), xb, y, i + 4, sv, bv);
-    if constexpr (kStore) {
-      store4(g_out + i, a);
-      store4(g_out + i + 4, b);
+TRAINER_INLINE void backward_sums_channel(const float* __restrict dy, const float* __restrict y,
+                                          const float* __restrict x, float* __restrict g_out,
+                                          int64_t n, int64_t c, int64_t hw, int64_t ch,
+                                          const PlaneParams& p, double* sum, double* dotp) {
+  const F8 mv = splat<F8>(p.mean), sv = splat<F8>(p.scale), bv = splat<F8>(p.bias);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t off = (b * c + ch) * hw;
+    F8 s = {}, d = {};
+    int64_t i = 0;
+    for (; i + 8 <= hw; i += 8) {
+      const int64_t o = off + i;
+      const F8 xm = load<F8>(x + o) - mv;
+      const F8 g = masked<kMask>(load<F8>(dy + o), xm, y + o, sv, bv);
+      if constexpr (kStore) store(g_out + o, g);
+      s += g;
+      d += xm * g;
     }
-    s0 += a;
-    s1 += b;
-    d0 += xa * a;
-    d1 += xb * b;
+    double ts = 0, td = 0;
+    for (int l = 0; l < 4; ++l) ts += static_cast<double>(s[l]) + static_cast<double>(s[l + 4]);
+    for (int l = 0; l < 4; ++l) td += static_cast<double>(d[l]) + static_cast<double>(d[l + 4]);
+    for (; i < hw; ++i) {
+      const int64_t o = off + i;
+      const float xm = x[o] - p.mean;
+      const float g = masked<kMask>(dy[o], xm, y + o, p.scale, p.bias);
+      if constexpr (kStore) g_out[o] = g;
+      ts += g;
+      td += xm * g;
+    }
+    *sum += ts;
+    *dotp += td;
   }
-  double ts = 0, td = 0;
-  for (int l = 0; l < 4; ++l) ts += static_cast<double>(s0[l]) + static_cast<double>(s1[l]);
-  for (int l = 0; l < 4; ++l) td += static_cast<double>(d0[l]) + static_cast<double>(d1[l]);
-  for (; i < n; ++i) {
-    const float xm = x[i] - p.mean;
-    const float g = masked1<kMask>(dy[i], xm, y, i, p.scale, p.bias);
-    if constexpr (kStore) g_out[i] = g;
-    ts += g;
-    td += xm * g;
-  }
-  *sum += ts;
-  *dotp += td;
 }
 
-// Backward, second pass over one plane: dx = (g - grad_mean - (x - mean) * k) * invstd * w, ATen's
-// batch-norm backward formula and order, g from g_in (dy, or the stored g) after the mask.
+// Backward, second pass over one channel's planes: dx = (g - grad_mean - (x - mean) * k) *
+// invstd * w, ATen's batch-norm backward formula and order, g from g_in (dy, or the stored g)
+// after the mask.
 template <Mask kMask>
-void backward_dx_plane(const float* __restrict g_in, const float* __restrict y,
-                       const float* __restrict x, float* __restrict dx, int64_t n,
-                       const PlaneParams& p) {
-  const Vec4 mv = splat4(p.mean), sv = splat4(p.scale), bv = splat4(p.bias), kv = splat4(p.k),
-             gv = splat4(p.grad_mean), iv = splat4(p.invstd), wv = splat4(p.weight);
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const Vec4 xm = load4(x + i) - mv;
-    const Vec4 g = masked4<kMask>(load4(g_in + i), xm, y, i, sv, bv);
-    store4(dx + i, (g - gv - xm * kv) * iv * wv);
-  }
-  for (; i < n; ++i) {
-    const float xm = x[i] - p.mean;
-    const float g = masked1<kMask>(g_in[i], xm, y, i, p.scale, p.bias);
-    dx[i] = (g - p.grad_mean - xm * p.k) * p.invstd * p.weight;
+TRAINER_INLINE void backward_dx_channel(const float* __restrict g_in, const float* __restrict y,
+                                        const float* __restrict x, float* __restrict dx, int64_t n,
+                                        int64_t c, int64_t hw, int64_t ch, const PlaneParams& p) {
+  const F8 mv = splat<F8>(p.mean), sv = splat<F8>(p.scale), bv = splat<F8>(p.bias),
+           kv = splat<F8>(p.k), gv = splat<F8>(p.grad_mean), iv = splat<F8>(p.invstd),
+           wv = splat<F8>(p.weight);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t off = (b * c + ch) * hw;
+    int64_t i = 0;
+    for (; i + 8 <= hw; i += 8) {
+      const int64_t o = off + i;
+      const F8 xm = load<F8>(x + o) - mv;
+      const F8 g = masked<kMask>(load<F8>(g_in + o), xm, y + o, sv, bv);
+      store(dx + o, (g - gv - xm * kv) * iv * wv);
+    }
+    for (; i < hw; ++i) {
+      const int64_t o = off + i;
+      const float xm = x[o] - p.mean;
+      const float g = masked<kMask>(g_in[o], xm, y + o, p.scale, p.bias);
+      dx[o] = (g - p.grad_mean - xm * p.k) * p.invstd * p.weight;
+    }
   }
 }
 
-// Calls f with the mask as a std::integral_constant<Mask>.
-template <class F>
-void with_mask(Mask mask, F&& f) {
-  switch (mask) {
-    case Mask::kFromY:
-      f(std::integral_constant<Mask, Mask::kFromY>{});
-      break;
-    case Mask::kFromX:
-      f(std::integral_constant<Mask, Mask::kFromX>{});
-      break;
-    case Mask::kNone:
-      f(std::integral_constant<Mask, Mask::kNone>{});
-      break;
+// One channel's backward: the sums (dw, db), then dx (where dx is not null). y null unless the
+// mask is read from it; g_out null unless g is stored (kFromY only: otherwise g is dy).
+TRAINER_CLONES void backward_channel(const float* dy, const float* y, const float* x, float* g_out,
+                                     float* dx, int64_t n, int64_t c, int64_t hw, int64_t ch,
+                                     PlaneParams p, Mask mask, float* dw, float* db) {
+  double sum = 0, dotp = 0;
+  if (mask == Mask::kFromY && g_out != nullptr) {
+    backward_sums_channel<Mask::kFromY, true>(dy, y, x, g_out, n, c, hw, ch, p, &sum, &dotp);
+  } else if (mask == Mask::kFromY) {
+    backward_sums_channel<Mask::kFromY, false>(dy, y, x, g_out, n, c, hw, ch, p, &sum, &dotp);
+  } else if (mask == Mask::kFromX) {
+    backward_sums_channel<Mask::kFromX, false>(dy, y, x, g_out, n, c, hw, ch, p, &sum, &dotp);
+  } else {
+    backward_sums_channel<Mask::kNone, false>(dy, y, x, g_out, n, c, hw, ch, p, &sum, &dotp);
+  }
+  const double is = p.invstd;
+  dw[ch] = static_cast<float>(dotp * is);
+  db[ch] = static_cast<float>(sum);
+  if (dx == nullptr) return;
+  const double count = static_cast<double>(n * hw);
+  p.k = static_cast<float>(dotp * is * is / count);
+  p.grad_mean = static_cast<float>(sum / count);
+  // g read where it was stored (no mask left to apply), else dy after the mask.
+  if (g_out != nullptr) {
+    backward_dx_channel<Mask::kNone>(g_out, y, x, dx, n, c, hw, ch, p);
+  } else if (mask == Mask::kFromY) {
+    backward_dx_channel<Mask::kFromY>(dy, y, x, dx, n, c, hw, ch, p);
+  } else if (mask == Mask::kFromX) {
+    backward_dx_channel<Mask::kFromX>(dy, y, x, dx, n, c, hw, ch, p);
+  } else {
+    backward_dx_channel<Mask::kNone>(dy, y, x, dx, n, c, hw, ch, p);
   }
 }
 
 // The backward of BN (+ residual) + ReLU for contiguous NCHW float tensors in two passes per
 // channel, a channel by one thread (its planes still in the core's cache for the second pass):
 // ReLU's mask, the two sums and dx together (ATen: threshold_backward's pass over the whole
-// tensor, then batch-norm backward's two). The sums are added in a fixed order whatever the
-// threads. dy contiguous; y the output where a residual was added (the mask read from it), or
-// undefined (with relu: the mask recomputed from x); g_out the residual's gradient or undefined;
-// dx undefined where the input's gradient is not wanted.
+// tensor, then batch-norm backward's two). dy contiguous; y the output where a residual was added
+// (the mask read from it), or undefined (with relu: the mask recomputed from x); g_out the
+// residual's gradient or undefined; dx undefined where the input's gradient is not wanted.
 void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch::Tensor& x,
                    const torch::Tensor& weight, const torch::Tensor& bias,
                    const torch::Tensor& mean, const torch::Tensor& invstd, bool relu,
                    torch::Tensor* g_out, torch::Tensor* dx, torch::Tensor* dw, torch::Tensor* db) {
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  const double count = static_cast<double>(n * hw);
   const Mask mask = !relu ? Mask::kNone : y.defined() ? Mask::kFromY : Mask::kFromX;
   const float* dyp = dy.data_ptr<float>();
-  const float* yp = y.defined() ? y.data_ptr<float>() : nullptr;
+  const float* yp = mask == Mask::kFromY ? y.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
   // The stored g only where the mask changed it (without ReLU, g is dy: g_out is dy itself).
   float* gp = g_out->defined() && mask == Mask::kFromY ? g_out->data_ptr<float>() : nullptr;
@@ -323,36 +350,8 @@ void backward_nchw(const torch::Tensor& dy, const torch::Tensor& y, const torch:
   float* dbp = db->data_ptr<float>();
   at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
     for (int64_t ch = begin; ch < end; ++ch) {
-      PlaneParams p{mp[ch], ip[ch] * wp[ch], bp[ch], 0, 0, ip[ch], wp[ch]};
-      double sum = 0, dotp = 0;
-      with_mask(mask, [&](auto m) {
-        for (int64_t b = 0; b < n; ++b) {
-          const int64_t off = (b * c + ch) * hw;
-          const float* ypl = yp != nullptr ? yp + off : nullptr;
-          if (gp != nullptr) {
-            backward_sums_plane<decltype(m)::value, true>(dyp + off, ypl, xp + off, gp + off, hw, p,
-                                                          &sum, &dotp);
-          } else {
-            backward_sums_plane<decltype(m)::value, false>(dyp + off, ypl, xp + off, nullptr, hw, p,
-                                                           &sum, &dotp);
-          }
-        }
-      });
-      const double is = ip[ch];
-      dwp[ch] = static_cast<float>(dotp * is);
-      dbp[ch] = static_cast<float>(sum);
-      if (dxp == nullptr) continue;
-      p.k = static_cast<float>(dotp * is * is / count);
-      p.grad_mean = static_cast<float>(sum / count);
-      // g read where it was stored (no mask left to apply), else dy after the mask.
-      with_mask(gp != nullptr ? Mask::kNone : mask, [&](auto m) {
-        for (int64_t b = 0; b < n; ++b) {
-          const int64_t off = (b * c + ch) * hw;
-          backward_dx_plane<decltype(m)::value>((gp != nullptr ? gp : dyp) + off,
-                                                yp != nullptr ? yp + off : nullptr, xp + off,
-                                                dxp + off, hw, p);
-        }
-      });
+      const PlaneParams p{mp[ch], ip[ch] * wp[ch], bp[ch], 0, 0, ip[ch], wp[ch]};
+      backward_channel(dyp, yp, xp, gp, dxp, n, c, hw, ch, p, mask, dwp, dbp);
     }
   });
 }
@@ -379,7 +378,6 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
                                const torch::Tensor& residual, double eps, bool relu,
                                torch::Tensor* mean_out, torch::Tensor* var_out) {
     const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-    const double count = static_cast<double>(n * hw);
     torch::Tensor y = torch::empty_like(x);  // x's layout and dtype
     const auto stats = x.options().dtype(torch::kFloat);
     torch::Tensor mean = torch::empty({c}, stats);
@@ -398,22 +396,11 @@ struct BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFun
       float* yp = y.data_ptr<float>();
       at::parallel_for(0, c, 1, [&](int64_t begin, int64_t end) {
         for (int64_t ch = begin; ch < end; ++ch) {
-          const float k = xp[ch * hw];  // the channel's first value
-          double sum = 0, sumsq = 0;
-          for (int64_t b = 0; b < n; ++b) shifted_sums(xp + (b * c + ch) * hw, hw, k, &sum, &sumsq);
-          const ChannelStats st = channel_stats(sum, sumsq, k, count, eps);
+          ChannelStats st;
+          forward_channel(xp, rp, yp, n, c, hw, ch, eps, wp[ch], bp[ch], relu, &st);
           mp[ch] = st.mean;
           ip[ch] = st.invstd;
           vp[ch] = st.var;
-          const float scale = st.invstd * wp[ch];
-          with_flags(has_residual, relu, [&](auto res, auto rl) {
-            for (int64_t b = 0; b < n; ++b) {
-              const int64_t off = (b * c + ch) * hw;
-              normalize_plane<decltype(res)::value, decltype(rl)::value>(
-                  xp + off, has_residual ? rp + off : nullptr, yp + off, hw, st.mean, scale,
-                  bp[ch]);
-            }
-          });
         }
       });
     } else {  // channels_last, float32 or bfloat16: rows of c channels (model/batch_norm_cl.h)

@@ -1,26 +1,13 @@
 #include "trainer/model/batch_norm_cl.h"
 
+#include "trainer/model/simd.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
-
-// 64-byte vectors are passed in registers only inside the AVX-512 clones; the helpers are always
-// inlined, so GCC's note that their ABI differs between targets concerns no call that is made.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-// GCC: every kernel below compiled three times, for AVX-512, AVX2 and the baseline, the best the
-// CPU runs chosen once at load time (an ifunc). Clang (the sanitizer builds): the baseline only.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TRAINER_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TRAINER_CLONES
-#endif
-#define TRAINER_INLINE __attribute__((always_inline)) inline
 
 namespace trainer::model::cl {
 
@@ -29,11 +16,12 @@ namespace {
 using c10::BFloat16;
 
 // 16 float lanes (one AVX-512 register, two AVX2 or four SSE ones), each a channel.
-constexpr int64_t kLanes = 16;
-typedef float VF __attribute__((vector_size(64)));
+using VF = simd::F16;
+constexpr int64_t kLanes = simd::kLanes<VF>;
 typedef uint32_t VU __attribute__((vector_size(64)));
-typedef int32_t VM __attribute__((vector_size(64)));  // lane masks: -1 (true) or 0
 typedef uint16_t VH __attribute__((vector_size(32)));
+using simd::relu;
+using simd::relu_grad;
 
 // bfloat16 <-> float as c10::BFloat16 converts: widening is exact; narrowing rounds to nearest,
 // ties to even, and every NaN becomes 0x7FC0.
@@ -60,11 +48,7 @@ TRAINER_INLINE float rounded(float v, const BFloat16*) {
   return widen(b);
 }
 
-TRAINER_INLINE VF vload(const float* p) {
-  VF v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+TRAINER_INLINE VF vload(const float* p) { return simd::load<VF>(p); }
 TRAINER_INLINE VF vload(const BFloat16* p) {
   VH h;
   std::memcpy(&h, p, sizeof h);
@@ -76,7 +60,7 @@ TRAINER_INLINE VU vbf16_bits(VF v) {
   const VU nan = reinterpret_cast<VU>(v != v);
   return (r & ~nan) | (nan & 0x7FC0u);
 }
-TRAINER_INLINE void vput(float* p, VF v) { std::memcpy(p, &v, sizeof v); }
+TRAINER_INLINE void vput(float* p, VF v) { simd::store(p, v); }
 TRAINER_INLINE void vput(BFloat16* p, VF v) {
   const VH h = __builtin_convertvector(vbf16_bits(v), VH);
   std::memcpy(p, &h, sizeof h);
@@ -86,16 +70,8 @@ TRAINER_INLINE VF vrounded(VF v, const BFloat16*) {
   return reinterpret_cast<VF>(vbf16_bits(v) << 16);
 }
 
-// a where `mask`, else b, lane by lane.
-TRAINER_INLINE VF select(VM mask, VF a, VF b) {
-  return reinterpret_cast<VF>((reinterpret_cast<VM>(a) & mask) | (reinterpret_cast<VM>(b) & ~mask));
-}
-// ReLU: +0.0 where v <= 0 (a NaN stays NaN, as torch.relu keeps it).
-TRAINER_INLINE VF vrelu(VF v) { return select(!(v <= 0.0f), v, VF{}); }
-TRAINER_INLINE float relu(float v) { return v <= 0.0f ? 0.0f : v; }
-// ReLU's backward: 0 where the output y <= 0, else the gradient g (threshold_backward's bits).
-TRAINER_INLINE VF vrelu_grad(VF g, VF y) { return select(!(y <= 0.0f), g, VF{}); }
-TRAINER_INLINE float relu_grad(float g, float y) { return y <= 0.0f ? 0.0f : g; }
+TRAINER_INLINE VF vrelu(VF v) { return simd::relu(v); }
+TRAINER_INLINE VF vrelu_grad(VF g, VF y) { return simd::relu_grad(g, y); }
 
 // Rows summed in fixed chunks (each chunk's sums in float, by one thread, whichever), the chunks'
 // sums added in double in chunk order: the bits do not depend on the threads.

@@ -1,6 +1,7 @@
 // Four-lane float and int32 vectors in GCC/Clang vector extensions (SSE on any x86-64, NEON on
-// ARM) for the trainer's own CPU kernels (model/batch_norm.cpp, model/max_pool.cpp, and the
-// optimizers' step where LibTorch has no fused one, loop/optimizer_kernels.cpp): plain loops
+// ARM) for the trainer's own CPU kernels compiled once, for the baseline (model/max_pool.cpp,
+// and the optimizers' step where LibTorch has no fused one, loop/optimizer_kernels.cpp; batch
+// norm's, compiled for several instruction sets, use model/simd.h): plain loops
 // are not vectorised well there (a float compare-and-select is not if-converted under the default
 // -ftrapping-math). Lane arithmetic is IEEE float, lane by lane, so a kernel's bits do not depend
 // on the vector unit. Header-only.

@@ -5,6 +5,8 @@
 #include "common/catch.h"
 
 #include <condition_variable>
+#include <cstdint>
+#include <ios>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -510,5 +512,80 @@ TEST_CASE("backward: the ReLU mask recomputed from x gives the saved output's bi
     torch::set_num_threads(threads);
     CHECK((outs[0].slice(0, 0, x0.numel()) == 0).any().item<bool>());  // the mask is exercised
     for (size_t i = 1; i < outs.size(); ++i) CHECK(torch::equal(outs[i], outs[0]));
+  }
+}
+
+namespace {
+
+// Values exact on every machine (integer arithmetic, one IEEE division, RNE to bf16), unlike
+// torch::randn, whose vectorised fill may differ by machine.
+torch::Tensor exact_values(at::IntArrayRef shape, int64_t prime, double scale, double shift) {
+  int64_t numel = 1;
+  for (const int64_t d : shape) numel *= d;
+  return ((torch::arange(numel, torch::kLong) * prime) % 1009)
+      .to(torch::kFloat)
+      .div_(scale)
+      .sub_(shift)
+      .view(shape);
+}
+
+// FNV-1a over a tensor's bytes in its logical (contiguous NCHW) order.
+uint64_t fnv1a(uint64_t h, const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  for (size_t i = 0; i < c.numel() * c.element_size(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("the own kernels give the same bits on every machine", "[model][bn_relu][golden]") {
+  // Each kernel is compiled for AVX-512, AVX2 and the baseline and its sums' order is the code's:
+  // whichever clone this CPU runs (valgrind, which has no AVX-512, runs the AVX2 one) and whatever
+  // LibTorch, the output, input gradient and parameter gradients hash to the values below. A
+  // change to a kernel's arithmetic changes them: update them only on purpose.
+  struct Case {
+    const char* name;
+    torch::ScalarType dtype;
+    bool channels_last, residual;
+    uint64_t want;
+  };
+  const Case cases[] = {
+      {"NCHW float32", torch::kFloat, false, false, 0xfb7dfe4cf9675499ull},
+      {"NCHW float32 + residual", torch::kFloat, false, true, 0xaadcfa08b33ebf79ull},
+      {"channels_last float32", torch::kFloat, true, false, 0x304c1b9c30855954ull},
+      {"channels_last float32 + residual", torch::kFloat, true, true, 0xb4d9f7d674ba9637ull},
+      {"channels_last bf16", torch::kBFloat16, true, false, 0xcadd5d27b2b09eeeull},
+      {"channels_last bf16 + residual", torch::kBFloat16, true, true, 0xef0534ace2a45912ull},
+  };
+  for (const Case& k : cases) {
+    INFO(k.name);
+    const auto layout =
+        k.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    // 4 x 9 x 9 = 324 rows (three chunks), 9 x 9 planes (an 8-lane loop and a remainder), 40
+    // channels (two 16-lane vectors and a remainder).
+    const torch::Tensor x0 =
+        exact_values({4, 40, 9, 9}, 7919, 97, 4).to(k.dtype).contiguous(layout);
+    const torch::Tensor r0 =
+        exact_values({4, 40, 9, 9}, 104729, 211, 2).to(k.dtype).contiguous(layout);
+    const torch::Tensor g0 =
+        exact_values({4, 40, 9, 9}, 15485863, 331, 1.5).to(k.dtype).contiguous(layout);
+    BatchNorm bn(40, 1e-5, 0.1);
+    {
+      torch::NoGradGuard no_grad;
+      bn->weight.copy_((torch::arange(40).to(torch::kFloat) - 15) / 8);
+      bn->bias.copy_((torch::arange(40).to(torch::kFloat) - 20) / 16);
+    }
+    bn->train();
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    torch::Tensor r = r0.clone().requires_grad_(true);
+    const torch::Tensor y = k.residual ? bn->forward_add_relu(x, r) : bn->forward_relu(x);
+    (y * g0).sum().backward();
+    uint64_t h = 1469598103934665603ull;
+    for (const torch::Tensor& t : {y, x.grad(), bn->weight.grad(), bn->bias.grad()})
+      h = fnv1a(h, t);
+    if (k.residual) h = fnv1a(h, r.grad());
+    INFO("hash 0x" << std::hex << h);
+    CHECK(h == k.want);
   }
 }
