@@ -150,9 +150,9 @@ TRAINER_INLINE void shifted_sums(const float* __restrict x, int64_t n, float k, 
 // residual block's `out += identity` and relu_(), for a vector or one element (the same
 // roundings).
 template <bool kResidual, bool kRelu, class V>
-TRAINER_INLINE V norm(V x, V mean, V scale, V bias, const float* r) {
+TRAINER_INLINE V norm(V x, V mean, V scale, V bias, const float* r, int64_t i) {
   V v = (x - mean) * scale + bias;
-  if constexpr (kResidual) v = v + at_<V>(r);
+  if constexpr (kResidual) v = v + at_<V>(r + i);  // r is null without a residual
   if constexpr (kRelu) v = simd::relu(v);
   return v;
 }
@@ -167,10 +167,10 @@ TRAINER_INLINE void normalize_channel(const float* __restrict x, const float* __
     const int64_t off = (b * c + ch) * hw;
     int64_t i = 0;
     for (; i + 8 <= hw; i += 8) {
-      store(y + off + i, norm<kResidual, kRelu>(load<F8>(x + off + i), mv, sv, bv, r + off + i));
+      store(y + off + i, norm<kResidual, kRelu>(load<F8>(x + off + i), mv, sv, bv, r, off + i));
     }
     for (; i < hw; ++i) {
-      y[off + i] = norm<kResidual, kRelu>(x[off + i], mean, scale, bias, r + off + i);
+      y[off + i] = norm<kResidual, kRelu>(x[off + i], mean, scale, bias, r, off + i);
     }
   }
 }
@@ -210,10 +210,10 @@ void with_element_type(const torch::Tensor& x, F&& f) {
 // and read where no residual was added). cl::backward chooses the same way.
 enum class Mask { kNone, kFromY, kFromX };
 
-// g = dy after the mask, for a vector or one element; xm = x - mean, y the output at the element.
+// g = dy after the mask, for a vector or one element at offset o; xm = x - mean, y the output.
 template <Mask kMask, class V>
-TRAINER_INLINE V masked(V dy, V xm, const float* y, V scale, V bias) {
-  if constexpr (kMask == Mask::kFromY) return simd::relu_grad(dy, at_<V>(y));
+TRAINER_INLINE V masked(V dy, V xm, const float* y, int64_t o, V scale, V bias) {
+  if constexpr (kMask == Mask::kFromY) return simd::relu_grad(dy, at_<V>(y + o));  // else null
   if constexpr (kMask == Mask::kFromX) return simd::relu_grad(dy, xm * scale + bias);
   return dy;
 }
@@ -241,7 +241,7 @@ TRAINER_INLINE void backward_sums_channel(const float* __restrict dy, const floa
     for (; i + 8 <= hw; i += 8) {
       const int64_t o = off + i;
       const F8 xm = load<F8>(x + o) - mv;
-      const F8 g = masked<kMask>(load<F8>(dy + o), xm, y + o, sv, bv);
+      const F8 g = masked<kMask>(load<F8>(dy + o), xm, y, o, sv, bv);
       if constexpr (kStore) store(g_out + o, g);
       s += g;
       d += xm * g;
@@ -252,7 +252,7 @@ TRAINER_INLINE void backward_sums_channel(const float* __restrict dy, const floa
     for (; i < hw; ++i) {
       const int64_t o = off + i;
       const float xm = x[o] - p.mean;
-      const float g = masked<kMask>(dy[o], xm, y + o, p.scale, p.bias);
+      const float g = masked<kMask>(dy[o], xm, y, o, p.scale, p.bias);
       if constexpr (kStore) g_out[o] = g;
       ts += g;
       td += xm * g;
@@ -278,13 +278,13 @@ TRAINER_INLINE void backward_dx_channel(const float* __restrict g_in, const floa
     for (; i + 8 <= hw; i += 8) {
       const int64_t o = off + i;
       const F8 xm = load<F8>(x + o) - mv;
-      const F8 g = masked<kMask>(load<F8>(g_in + o), xm, y + o, sv, bv);
+      const F8 g = masked<kMask>(load<F8>(g_in + o), xm, y, o, sv, bv);
       store(dx + o, (g - gv - xm * kv) * iv * wv);
     }
     for (; i < hw; ++i) {
       const int64_t o = off + i;
       const float xm = x[o] - p.mean;
-      const float g = masked<kMask>(g_in[o], xm, y + o, p.scale, p.bias);
+      const float g = masked<kMask>(g_in[o], xm, y, o, p.scale, p.bias);
       dx[o] = (g - p.grad_mean - xm * p.k) * p.invstd * p.weight;
     }
   }

@@ -5,16 +5,16 @@
 // give the same bits in every clone: its lanes' arithmetic is IEEE float step by step, which the
 // build guarantees by compiling these files with -ffp-contract=off (lib/CMakeLists.txt), and the
 // order of every sum is fixed by the code, not by the vector width. Clang (the sanitizer builds):
-// the baseline only. Include only from kernel .cpp files (it silences GCC's -Wpsabi note: the
-// helpers are always inlined, so no call passes a wide vector between targets).
+// the baseline only; GCC's ThreadSanitizer build too (below).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: GCC instruments the clones' resolver, which runs while the loader
+// starts the program, before TSan's runtime, and crashes it.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TRAINER_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#pragma GCC diagnostic ignored "-Wpsabi"
 #else
 #define TRAINER_CLONES
 #endif
