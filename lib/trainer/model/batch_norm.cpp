@@ -121,6 +121,13 @@ TRAINER_INLINE V at_(const float* p) {
   }
 }
 
+// The total of a plane's eight float partial sums, in double, in a fixed order.
+TRAINER_INLINE double partial_total(F8 s) {
+  double t = 0;
+  for (int l = 0; l < 4; ++l) t += static_cast<double>(s[l]) + static_cast<double>(s[l + 4]);
+  return t;
+}
+
 // Adds the sums of (x - k) and (x - k)^2 over x[0..n) to *sum and *sumsq: float lanes within the
 // plane (shifted by k, a value of the channel, so that the squares do not cancel), the plane's
 // total added in double.
@@ -134,9 +141,7 @@ TRAINER_INLINE void shifted_sums(const float* __restrict x, int64_t n, float k, 
     s += a;
     q += a * a;
   }
-  double ts = 0, tq = 0;
-  for (int l = 0; l < 4; ++l) ts += static_cast<double>(s[l]) + static_cast<double>(s[l + 4]);
-  for (int l = 0; l < 4; ++l) tq += static_cast<double>(q[l]) + static_cast<double>(q[l + 4]);
+  double ts = partial_total(s), tq = partial_total(q);
   for (; i < n; ++i) {
     const double v = x[i] - k;
     ts += v;
@@ -205,11 +210,6 @@ void with_element_type(const torch::Tensor& x, F&& f) {
   }
 }
 
-// Where the backward's ReLU mask comes from: no ReLU; the saved output y; or the output
-// recomputed from x as the forward computed it, (x - mean) * scale + bias (the same bits; saved
-// and read where no residual was added). cl::backward chooses the same way.
-enum class Mask { kNone, kFromY, kFromX };
-
 // g = dy after the mask, for a vector or one element at offset o; xm = x - mean, y the output.
 template <Mask kMask, class V>
 TRAINER_INLINE V masked(V dy, V xm, const float* y, int64_t o, V scale, V bias) {
@@ -246,9 +246,7 @@ TRAINER_INLINE void backward_sums_channel(const float* __restrict dy, const floa
       s += g;
       d += xm * g;
     }
-    double ts = 0, td = 0;
-    for (int l = 0; l < 4; ++l) ts += static_cast<double>(s[l]) + static_cast<double>(s[l + 4]);
-    for (int l = 0; l < 4; ++l) td += static_cast<double>(d[l]) + static_cast<double>(d[l + 4]);
+    double ts = partial_total(s), td = partial_total(d);
     for (; i < hw; ++i) {
       const int64_t o = off + i;
       const float xm = x[o] - p.mean;

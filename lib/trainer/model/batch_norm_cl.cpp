@@ -126,11 +126,6 @@ TRAINER_INLINE void normalize_rows(const T* __restrict x, const T* __restrict r,
   }
 }
 
-// Where the backward's ReLU mask comes from: no ReLU; the output y (y <= 0 -> 0); or the output
-// recomputed from x, rounded as stored (the forward's arithmetic, so the same bits: one tensor
-// less to save and to read where no residual was added).
-enum class Mask { kNone, kFromY, kFromX };
-
 // What the backward needs per channel, c floats each: the forward's mean, its scale (invstd *
 // weight) and bias (for Mask::kFromX), and for dx: k = dotp * invstd^2 / n, grad_mean = sum / n,
 // invstd, weight.
@@ -220,84 +215,50 @@ TRAINER_INLINE void dx_rows(const T* __restrict g_in, const T* __restrict y, con
   }
 }
 
-// The compiled (cloned) entry points, one per element type; the flags pick the instantiation
-// inside, so each clone holds all of them.
-#define TRAINER_BN_CL_KERNELS(T, SUFFIX)                                                           \
-  TRAINER_CLONES void chunk_sums_##SUFFIX(const T* x, int64_t start, int64_t stop, int64_t c,      \
-                                          const float* k, float* s, float* q) {                    \
-    chunk_sums<T>(x, start, stop, c, k, s, q);                                                     \
-  }                                                                                                \
-  TRAINER_CLONES void normalize_##SUFFIX(const T* x, const T* r, T* y, int64_t begin, int64_t end, \
-                                         int64_t c, const float* mean, const float* scale,         \
-                                         const float* bias, bool relu) {                           \
-    if (r != nullptr) {                                                                            \
-      relu ? normalize_rows<T, true, true>(x, r, y, begin, end, c, mean, scale, bias)              \
-           : normalize_rows<T, true, false>(x, r, y, begin, end, c, mean, scale, bias);            \
-    } else {                                                                                       \
-      relu ? normalize_rows<T, false, true>(x, r, y, begin, end, c, mean, scale, bias)             \
-           : normalize_rows<T, false, false>(x, r, y, begin, end, c, mean, scale, bias);           \
-    }                                                                                              \
-  }                                                                                                \
-  TRAINER_CLONES void backward_sums_##SUFFIX(                                                      \
-      const T* dy, const T* y, const T* x, T* g_out, int64_t start, int64_t stop, int64_t c,       \
-      const ChannelParams& p, Mask mask, float* s, float* d) {                                     \
-    if (mask == Mask::kFromY) {                                                                    \
-      g_out ? backward_sums<T, Mask::kFromY, true>(dy, y, x, g_out, start, stop, c, p, s, d)       \
-            : backward_sums<T, Mask::kFromY, false>(dy, y, x, g_out, start, stop, c, p, s, d);     \
-    } else if (mask == Mask::kFromX) {                                                             \
-      backward_sums<T, Mask::kFromX, false>(dy, x, x, g_out, start, stop, c, p, s, d);             \
-    } else {                                                                                       \
-      backward_sums<T, Mask::kNone, false>(dy, y, x, g_out, start, stop, c, p, s, d);              \
-    }                                                                                              \
-  }                                                                                                \
-  TRAINER_CLONES void dx_##SUFFIX(const T* g_in, const T* y, const T* x, T* dx, int64_t begin,     \
-                                  int64_t end, int64_t c, const ChannelParams& p, Mask mask) {     \
-    if (mask == Mask::kFromY) {                                                                    \
-      dx_rows<T, Mask::kFromY>(g_in, y, x, dx, begin, end, c, p);                                  \
-    } else if (mask == Mask::kFromX) {                                                             \
-      dx_rows<T, Mask::kFromX>(g_in, x, x, dx, begin, end, c, p);                                  \
-    } else {                                                                                       \
-      dx_rows<T, Mask::kNone>(g_in, y, x, dx, begin, end, c, p);                                   \
-    }                                                                                              \
+// The compiled (cloned) entry points, an overload per element type; the flags pick the
+// instantiation inside, so each clone holds all of them.
+#define TRAINER_BN_CL_KERNELS(T)                                                                 \
+  TRAINER_CLONES void chunk_sums_kernel(const T* x, int64_t start, int64_t stop, int64_t c,      \
+                                        const float* k, float* s, float* q) {                    \
+    chunk_sums<T>(x, start, stop, c, k, s, q);                                                   \
+  }                                                                                              \
+  TRAINER_CLONES void normalize_kernel(const T* x, const T* r, T* y, int64_t begin, int64_t end, \
+                                       int64_t c, const float* mean, const float* scale,         \
+                                       const float* bias, bool relu) {                           \
+    if (r != nullptr) {                                                                          \
+      relu ? normalize_rows<T, true, true>(x, r, y, begin, end, c, mean, scale, bias)            \
+           : normalize_rows<T, true, false>(x, r, y, begin, end, c, mean, scale, bias);          \
+    } else {                                                                                     \
+      relu ? normalize_rows<T, false, true>(x, r, y, begin, end, c, mean, scale, bias)           \
+           : normalize_rows<T, false, false>(x, r, y, begin, end, c, mean, scale, bias);         \
+    }                                                                                            \
+  }                                                                                              \
+  TRAINER_CLONES void backward_sums_kernel(                                                      \
+      const T* dy, const T* y, const T* x, T* g_out, int64_t start, int64_t stop, int64_t c,     \
+      const ChannelParams& p, Mask mask, float* s, float* d) {                                   \
+    if (mask == Mask::kFromY) {                                                                  \
+      g_out ? backward_sums<T, Mask::kFromY, true>(dy, y, x, g_out, start, stop, c, p, s, d)     \
+            : backward_sums<T, Mask::kFromY, false>(dy, y, x, g_out, start, stop, c, p, s, d);   \
+    } else if (mask == Mask::kFromX) {                                                           \
+      backward_sums<T, Mask::kFromX, false>(dy, x, x, g_out, start, stop, c, p, s, d);           \
+    } else {                                                                                     \
+      backward_sums<T, Mask::kNone, false>(dy, y, x, g_out, start, stop, c, p, s, d);            \
+    }                                                                                            \
+  }                                                                                              \
+  TRAINER_CLONES void dx_kernel(const T* g_in, const T* y, const T* x, T* dx, int64_t begin,     \
+                                int64_t end, int64_t c, const ChannelParams& p, Mask mask) {     \
+    if (mask == Mask::kFromY) {                                                                  \
+      dx_rows<T, Mask::kFromY>(g_in, y, x, dx, begin, end, c, p);                                \
+    } else if (mask == Mask::kFromX) {                                                           \
+      dx_rows<T, Mask::kFromX>(g_in, x, x, dx, begin, end, c, p);                                \
+    } else {                                                                                     \
+      dx_rows<T, Mask::kNone>(g_in, y, x, dx, begin, end, c, p);                                 \
+    }                                                                                            \
   }
 
-TRAINER_BN_CL_KERNELS(float, f32)
-TRAINER_BN_CL_KERNELS(BFloat16, bf16)
+TRAINER_BN_CL_KERNELS(float)
+TRAINER_BN_CL_KERNELS(BFloat16)
 #undef TRAINER_BN_CL_KERNELS
-
-// Overloads that pick the element type's entry point.
-void chunk_sums_of(const float* x, int64_t a, int64_t b, int64_t c, const float* k, float* s,
-                   float* q) {
-  chunk_sums_f32(x, a, b, c, k, s, q);
-}
-void chunk_sums_of(const BFloat16* x, int64_t a, int64_t b, int64_t c, const float* k, float* s,
-                   float* q) {
-  chunk_sums_bf16(x, a, b, c, k, s, q);
-}
-template <class... A>
-void normalize_of(const float* x, A... a) {
-  normalize_f32(x, a...);
-}
-template <class... A>
-void normalize_of(const BFloat16* x, A... a) {
-  normalize_bf16(x, a...);
-}
-template <class... A>
-void backward_sums_of(const float* dy, A... a) {
-  backward_sums_f32(dy, a...);
-}
-template <class... A>
-void backward_sums_of(const BFloat16* dy, A... a) {
-  backward_sums_bf16(dy, a...);
-}
-template <class... A>
-void dx_of(const float* g, A... a) {
-  dx_f32(g, a...);
-}
-template <class... A>
-void dx_of(const BFloat16* g, A... a) {
-  dx_bf16(g, a...);
-}
 
 int64_t chunk_count(int64_t rows) { return (rows + kRowChunk - 1) / kRowChunk; }
 
@@ -318,8 +279,8 @@ void forward(const T* x, const T* r, T* y, int64_t rows, int64_t c, const float*
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       float* s = partial.get() + chunk * 2 * c;
-      chunk_sums_of(x, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c, k.data(), s,
-                    s + c);
+      chunk_sums_kernel(x, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c, k.data(),
+                        s, s + c);
     }
   });
   std::vector<float> scale(static_cast<size_t>(c));
@@ -338,8 +299,7 @@ void forward(const T* x, const T* r, T* y, int64_t rows, int64_t c, const float*
     }
   });
   at::parallel_for(0, rows, row_grain(c), [&](int64_t begin, int64_t end) {
-    normalize_of(x, r, y, begin, end, c, static_cast<const float*>(mean),
-                 static_cast<const float*>(scale.data()), bias, relu);
+    normalize_kernel(x, r, y, begin, end, c, mean, scale.data(), bias, relu);
   });
 }
 
@@ -359,8 +319,8 @@ void backward(const T* dy, const T* y, const T* x, T* g_out, T* dx, int64_t rows
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       float* s = partial.get() + chunk * 2 * c;
-      backward_sums_of(dy, y, x, gm, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk), c,
-                       p, mask, s, s + c);
+      backward_sums_kernel(dy, y, x, gm, chunk * kRowChunk, std::min(rows, (chunk + 1) * kRowChunk),
+                           c, p, mask, s, s + c);
     }
   });
   for (int64_t ch = 0; ch < c; ++ch) {
@@ -380,7 +340,7 @@ void backward(const T* dy, const T* y, const T* x, T* g_out, T* dx, int64_t rows
   const T* g_in = gm != nullptr ? gm : dy;
   const Mask dx_mask = gm != nullptr ? Mask::kNone : mask;
   at::parallel_for(0, rows, row_grain(c), [&](int64_t begin, int64_t end) {
-    dx_of(g_in, y, x, dx, begin, end, c, p, dx_mask);
+    dx_kernel(g_in, y, x, dx, begin, end, c, p, dx_mask);
   });
 }
 

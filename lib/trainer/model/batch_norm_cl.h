@@ -34,6 +34,11 @@ inline ChannelStats channel_stats(double sum, double sumsq, float k, double coun
           var};
 }
 
+// Where a batch-norm backward's ReLU mask comes from: no ReLU; the saved output y (y <= 0 -> 0);
+// or the output recomputed from x as the forward computed it, rounded as stored (the same bits:
+// one tensor less to save and to read where no residual was added). Both layouts' kernels.
+enum class Mask { kNone, kFromY, kFromX };
+
 }  // namespace trainer::model
 
 namespace trainer::model::cl {
